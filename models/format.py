@@ -19,6 +19,7 @@ Usage:
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,12 +160,19 @@ def parse_segments(text: str) -> list[Segment]:
 
 
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory]) -> int:
-    """Write trajectories one JSON object per line; returns the count."""
+    """Write trajectories one JSON object per line; returns the count. Atomic: a temp file in the same
+    directory is renamed over `path` at the end, so a crash never leaves a truncated file under its name."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for traj in trajectories:
-            f.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
-            n += 1
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for traj in trajectories:
+                f.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+                n += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return n
 
 

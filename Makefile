@@ -1,0 +1,44 @@
+# afm-platform — the two commands: `make run` (whole pipeline on the embedded default) and `make test`.
+# Both create .venv on first use. On CPU machines torch is pinned to the 2.13.0 CPU wheel first, so the
+# project's unpinned dependencies never pull a multi-GB CUDA build.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONFIG ?= configs/default.yaml
+
+.PHONY: run test test-fast bench setup stack-up stack-down clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	@# The code sandbox uses bubblewrap when present (falls back to unshare+setpriv); install it where we can.
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) ; } || \
+	  echo "note: bubblewrap not installed; the code sandbox uses its unshare+setpriv fallback"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/afm pipeline --config $(CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not gpu and not integration and not slow" -q -p no:cacheprovider
+
+bench: $(STAMP)
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+stack-up: $(STAMP)
+	$(BIN)/afm stack up
+
+stack-down: $(STAMP)
+	$(BIN)/afm stack down
+
+clean:
+	rm -rf .afm runs

@@ -1,0 +1,142 @@
+"""The `afm` command line: one subcommand per flow, plus the local stack, deployments, serving and lineage.
+
+    afm pipeline [--config configs/default.yaml] [--set sft.lr=1e-3 ...]   # distill -> sft -> rl -> evaluate
+    afm distill | sft | rl | eval  [--config FILE] [--set key=value ...]    # one stage
+    afm stack up | status | down                                              # local S3 + MLflow + Prefect + Ray
+    afm deploy                                                                # register Prefect deployments
+    afm serve MODEL [--port 8000]                                             # Ray Serve, OpenAI-compatible
+    afm lineage MODEL                                                         # RL run -> SFT run -> dataset sha
+
+Each stage subcommand reads the YAML recipe (`--config`), applies `--set` overrides (dotted keys, YAML values)
+and runs the Prefect flow in this process. A bad config exits 2 with the file and field named.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from afm.config import ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="afm-platform: train agent foundation models.")
+stack_app = typer.Typer(no_args_is_help=True, help="Local stack on 127.0.0.1: S3 (moto), MLflow, Prefect, Ray.")
+app.add_typer(stack_app, name="stack")
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML recipe (see configs/).")
+SetOpt = typer.Option(None, "--set", "-s", help="Override a field: dotted.key=value (repeatable).")
+
+
+def _load(cls, config: Optional[Path], overrides: Optional[list[str]]):
+    try:
+        return load_config(cls, config, overrides or [])
+    except ConfigError as exc:
+        typer.secho(f"config error:\n{exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _print_json(data) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+@app.command()
+def pipeline(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Run the whole pipeline: distill -> sft -> rl -> evaluate -> promote."""
+    from flows.pipeline import PipelineConfig, pipeline_flow
+
+    cfg = _load(PipelineConfig, config, set_)
+    pipeline_flow(cfg)
+
+
+@app.command()
+def distill(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Teacher rollouts -> CoA trajectories -> progressive filtering -> versioned SFT dataset + RL problems."""
+    from flows.distill import DistillFlowConfig, distill_flow
+
+    _print_json(distill_flow(_load(DistillFlowConfig, config, set_)))
+
+
+@app.command()
+def sft(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Supervised fine-tuning on Ray Train (observation tokens masked)."""
+    from flows.sft import SFTFlowConfig, sft_flow
+
+    _print_json(sft_flow(_load(SFTFlowConfig, config, set_)))
+
+
+@app.command()
+def rl(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Agentic RL (GRPO/DAPO) with real tools from an SFT model."""
+    from flows.rl import RLFlowConfig, rl_flow
+
+    _print_json(rl_flow(_load(RLFlowConfig, config, set_)))
+
+
+@app.command(name="eval")
+def eval_(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Evaluate models and the teacher side by side; promote on improvement."""
+    from flows.evaluate import EvalFlowConfig, evaluate_flow
+
+    result = evaluate_flow(_load(EvalFlowConfig, config, set_))
+    typer.echo(result["table"])
+
+
+@stack_app.command("up")
+def stack_up() -> None:
+    """Start the local servers (bound to 127.0.0.1) and write their env vars to .afm/stack/env.sh."""
+    from afm.stack import StackConfig, stack_up as up
+
+    env = up(StackConfig())
+    _print_json(env)
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """Show which local servers are up."""
+    from afm.stack import StackConfig, stack_status as status
+
+    _print_json(status(StackConfig()))
+
+
+@stack_app.command("down")
+def stack_down() -> None:
+    """Stop exactly the servers `afm stack up` started (by PID)."""
+    from afm.stack import StackConfig, stack_down as down
+
+    _print_json(down(StackConfig()))
+
+
+@app.command()
+def deploy(work_pool: str = typer.Option("afm-process", help="Prefect process work pool to create/use.")) -> None:
+    """Register every flow as a Prefect deployment (and `nightly-retrain` on its cron) on the running server."""
+    from flows.deployments import register_deployments
+
+    _print_json(register_deployments(work_pool))
+
+
+@app.command()
+def serve(
+    model: str = typer.Argument(..., help="Model path, s3:// URI or MLflow URI (models:/afm@champion)."),
+    port: int = typer.Option(8000, help="HTTP port on 127.0.0.1."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+) -> None:
+    """Serve MODEL with Ray Serve: /v1/chat/completions, /v1/models, /v1/agent."""
+    from serving.app import ServeConfig, run_server
+
+    cfg = _load(ServeConfig, config, (set_ or []) + [f"model={model}", f"port={port}"])
+    run_server(cfg)
+
+
+@app.command()
+def lineage(model: str = typer.Argument(..., help="MLflow model URI, e.g. models:/afm-rl/3 or models:/afm-rl@champion.")) -> None:
+    """Print a model version's lineage: RL run -> SFT run -> dataset sha."""
+    from evaluation.lineage import format_lineage, lineage as walk
+
+    typer.echo(format_lineage(walk(model)))
+
+
+def main() -> None:  # pragma: no cover - console entry
+    sys.exit(app())

@@ -1,0 +1,130 @@
+"""The teacher multi-agent loop: the thinking agent coordinates, the others act, everything goes to a MASLog.
+
+Loop (one agent call per step, stopped by a verified answer or `max_steps`):
+    thinking -> NEXT planning   : planning writes / rewrites the plan
+             -> NEXT search|crawl|code : the tool agent turns the thought (intent) into a call, the ToolBox runs
+                                  it, the agent reads the result
+             -> NEXT reflection : reflection scores the latest step; any "poor" -> planning re-plans at once
+             -> NEXT answer     : the suggested answer goes to verification; score >= 3 -> final answer,
+                                  <= 2 -> planning re-plans
+This mirrors the AFM prompt rules (after a suggested answer only a double_check; poor reflection or a low
+double_check score -> re-plan), so a log converts into a valid Chain-of-Agents trajectory.
+
+Usage:
+    cfg = TeacherConfig()
+    backend = ScriptedOracleBackend(OracleKnowledge(problems), cfg.mistake_rate, cfg.reflection_rate, seed=0)
+    log = run_mas(problem, backend, toolbox, cfg, log_id="p1#0")
+(`distill.rollout_work.RolloutWorker` builds the backend the config names for each rollout.)
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from afm.config import Config
+from agents.teacher.agents import (
+    CodeAgent, CrawlAgent, PlanningAgent, ReflectionAgent, SearchAgent, ThinkingAgent, ToolAgent, VerificationAgent,
+    parse_check_score, reflection_wants_replan,
+)
+from agents.teacher.backends import Completion, LLMBackend
+from agents.teacher.log import MASEvent, MASLog, ToolCall
+from problems.records import Problem
+
+
+class TeacherConfig(Config):
+    """The teacher MAS and its LLM backend."""
+
+    max_steps: int = Field(40, ge=3, description="Agent-call budget per problem, checked before each coordinator "
+                                                 "turn (one turn makes at most 3 calls, so a run may end 2 over)")
+    observation_chars: int = Field(400, ge=20, description="Observation characters shown to agents in the state")
+    backend: Literal["oracle", "openai"] = Field(
+        "oracle", description="oracle: scripted solver for generated families (offline); openai: any "
+                              "OpenAI-compatible endpoint (vLLM, Ray Serve, a hosted API)")
+    mistake_rate: float = Field(0.35, ge=0.0, le=1.0,
+                                description="Oracle: probability that a rollout contains one realistic mistake")
+    reflection_rate: float = Field(0.3, ge=0.0, le=1.0,
+                                   description="Oracle: probability of a reflection after a tool result that "
+                                               "looked fine (after a bad one it always reflects)")
+    endpoint: str = Field("http://127.0.0.1:8000/v1", description="openai: base URL of the chat endpoint")
+    model: str = Field("teacher", description="openai: model name sent to the endpoint")
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai: env var holding the API key ('EMPTY' if unset)")
+    temperature: float = Field(0.7, ge=0.0, description="openai: sampling temperature")
+    max_tokens: int = Field(512, ge=8, description="openai: completion token cap per agent call")
+    seed: int = Field(0, description="Base seed; each (problem, sample) derives its own")
+
+
+class _Run:
+    """The mutable state of one MAS run: the agents and the event log."""
+
+    def __init__(self, problem: Problem, backend: LLMBackend, cfg: TeacherConfig):
+        q, n = problem.question, cfg.observation_chars
+        self.thinking = ThinkingAgent(backend, q, n)
+        self.planning = PlanningAgent(backend, q, n)
+        self.reflection = ReflectionAgent(backend, q, n)
+        self.verification = VerificationAgent(backend, q, n)
+        self.tools: dict[str, ToolAgent] = {"search": SearchAgent(backend, q, n), "crawl": CrawlAgent(backend, q, n),
+                                            "code": CodeAgent(backend, q, n)}
+        self.events: list[MASEvent] = []
+
+    def record(self, agent: str, role: str, content: str, completion: Completion | None,
+               tool_call: ToolCall | None = None, observation: str | None = None) -> MASEvent:
+        event = MASEvent(step=len(self.events), agent=agent, role=role, content=content, tool_call=tool_call,
+                         observation=observation,
+                         prompt_tokens=completion.prompt_tokens if completion else 0,
+                         completion_tokens=completion.completion_tokens if completion else 0)
+        self.events.append(event)
+        return event
+
+    def plan(self) -> None:
+        completion = self.planning.run(self.events)
+        self.record("planning", "planning", completion.text.strip(), completion)
+
+    def last_observation(self) -> str:
+        for ev in reversed(self.events):
+            if ev.observation is not None:
+                return ev.observation
+        return ""
+
+    def agent_calls(self) -> int:
+        return sum(1 for e in self.events if e.prompt_tokens or e.completion_tokens)
+
+
+def run_mas(problem: Problem, backend: LLMBackend, toolbox, cfg: TeacherConfig, log_id: str | None = None,
+            sample_idx: int = 0) -> MASLog:
+    """Solve `problem` with the agent team; `toolbox.call(tag, argument) -> ToolResult` runs the tools."""
+    run = _Run(problem, backend, cfg)
+    suggested, verified = "", False
+    while run.agent_calls() < cfg.max_steps:
+        completion, decision = run.thinking.decide(run.events)
+        run.record("thinking", "thinking", decision.thought, completion)
+        nxt = decision.next_agent
+        if nxt == "planning":
+            run.plan()
+        elif nxt in run.tools:
+            agent = run.tools[nxt]
+            call_completion, call = agent.make_call(decision.thought, run.last_observation())
+            result = toolbox.call(call.tag, call.argument)
+            agent.read(result.text)
+            run.record(nxt, nxt, call_completion.text.strip(), call_completion, tool_call=call,
+                       observation=result.text)
+        elif nxt == "reflection":
+            completion = run.reflection.run(run.events)
+            run.record("reflection", "reflection", completion.text.strip(), completion)
+            if reflection_wants_replan(completion.text):
+                run.plan()
+        elif nxt == "answer":
+            suggested = (decision.answer or decision.thought).strip()
+            run.record("thinking", "answer", suggested, None)  # tokens already counted on the thought
+            completion = run.verification.run(run.events)
+            run.record("verification", "verification", completion.text.strip(), completion)
+            if parse_check_score(completion.text) >= 3:
+                run.record("answer", "answer", suggested, None)
+                verified = True
+                break
+            run.plan()
+        # An unparseable NEXT leaves only the thought in the log; the coordinator is asked again.
+    return MASLog(
+        log_id=log_id or problem.id, problem_id=problem.id, question=problem.question, family=problem.family,
+        events=run.events, final_answer=suggested, verified=verified, teacher=backend.name, sample_idx=sample_idx,
+    )

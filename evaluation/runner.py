@@ -1,0 +1,301 @@
+"""Evaluate models (and the teacher MAS) on problem sets: per-episode JSONL, a summary table, plots, MLflow,
+and the promotion gate.
+
+Any model the platform can load is accepted: a local save_pretrained directory, `s3://...` artifact, or an
+MLflow registry URI (`models:/name@alias`, `models:/name/3`), resolved via `afm.tracking.resolve_model_uri`.
+
+Where the work runs (decided for this machine and documented): model episodes are BATCHED IN ONE PROCESS
+(`training.rl_rollout.run_rollouts` generates every live episode of a chunk of problems in one
+`engine.generate` call per turn). Batching is what makes small-model generation fast; Ray actors would each
+hold a model copy and split a batch that one process already fills. The teacher MAS runs in process too: with
+the scripted oracle it costs milliseconds per problem, and with an LLM endpoint the server does the work
+(and its backends are not known to be thread-safe); large teacher runs belong to the distillation stage.
+
+Usage:
+    cfg = load_config(EvalConfig, "configs/eval.yaml")
+    result = evaluate(cfg)
+    print(format_summary_table(result.summary_rows, result.efficiency_rows))
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import matplotlib.pyplot as plt
+import mlflow
+import torch
+from pydantic import Field
+from tqdm import tqdm
+
+from afm import tracking
+from afm.config import Config
+from agents.teacher.backends import LLMBackend, OpenAIChatBackend
+from agents.teacher.mas import TeacherConfig, run_mas
+from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
+from agents.tools.sandbox import SandboxLimits
+from agents.tools.toolbox import ToolboxConfig, build_toolbox
+from evaluation.grading import episode_to_record, mas_log_to_record
+from evaluation.lineage import is_registry_uri, normalize_model_uri, resolve_registry_version
+from evaluation.metrics import accuracy
+from evaluation.promotion import (
+    CHAMPION, PromotionDecision, apply_promotion, current_champion_version, decide_promotion,
+)
+from evaluation.records import EvalRecord, write_records
+from evaluation.report import efficiency_rows, save_plots, summary_markdown, summary_rows, tts_curves
+from models.engines.hf import HFEngine
+from models.policy import load_policy
+from problems.computation import computation_problems
+from problems.humaneval import humaneval_problems
+from problems.loaders import load_problems
+from problems.records import Problem
+from training.rewards import Judge, LLMJudge, NormalizedMatchJudge
+from training.rl_rollout import RolloutConfig, run_rollouts
+
+TEACHER_LABEL = "teacher"
+CHAMPION_LABEL = "champion"  # label of the current champion's records when the gate re-evaluates it
+
+
+class ProblemSetConfig(Config):
+    """One problem set: a file/URI any `problems.loaders` format reads, or a built-in source."""
+
+    source: str = Field(..., description="Path or s3:// URI of a dataset (Problem JSONL, hotpotqa, gsm8k, afm_qa, "
+                                         "verl, math); or 'humaneval' (the installed package's 164 problems); or "
+                                         "'computation' (freshly generated test-split computation problems).")
+    size: int = Field(20, ge=1, description="Problems taken from the source (the first `size`).")
+    seed: int = Field(0, description="Seed of generated sources ('computation').")
+
+
+class GateConfig(Config):
+    """Promotion gate: which evaluated model is the candidate and what it must beat."""
+
+    candidate: str = Field(..., description="Label in `models` of the candidate; its URI must be models:/name/version "
+                                            "or models:/name@alias so the alias can be set.")
+    problem_set: str = Field(..., description="Label in `problem_sets` the decision is made on (accuracy).")
+    margin: float = Field(0.02, ge=0.0, description="Accuracy the candidate must gain over the champion.")
+
+
+class EvalConfig(Config):
+    """What to evaluate, on what, and how."""
+
+    models: dict[str, str] = Field(default_factory=dict, description="{label: model URI}: local dir, s3:// artifact, "
+                                                                     "models:/name@alias, models:/name/version, or "
+                                                                     "the registry shorthand name@alias.")
+    include_teacher: bool = Field(True, description="Also run the teacher MAS on every set (efficiency baseline).")
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="The teacher MAS and its backend.")
+    problem_sets: dict[str, ProblemSetConfig] = Field(default_factory=dict, description="{label: problem set}.")
+    n_samples: int = Field(3, ge=1, description="Episodes per problem (pass@k needs k <= n_samples).")
+    ks: list[int] = Field(default_factory=lambda: [1, 3], description="k values reported as pass@k.")
+    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature (0 = greedy; then all samples agree).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_turns: int = Field(8, ge=1, description="Generation turns per episode (AFM: 25 web, 8 code).")
+    max_new_tokens: int = Field(128, ge=1, description="Tokens one turn may generate.")
+    token_budget: int = Field(768, ge=1, description="Response tokens per episode (generated + observations).")
+    system_prompt: str | None = Field(None, description="System prompt; must be the one the models were trained with.")
+    problems_per_batch: int = Field(8, ge=1, description="Problems whose episodes are generated together (memory vs speed).")
+    toolbox: ToolboxConfig = Field(default_factory=ToolboxConfig, description="Tools models and teacher may call.")
+    judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for QA answers.")
+    judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
+    judge_model: str = Field("", description="Model name at the judge endpoint (judge='llm').")
+    test_timeout_s: float = Field(10.0, gt=0, description="Sandbox wall-clock limit for running HumanEval tests.")
+    gate: GateConfig | None = Field(None, description="Promotion gate; None = no registry change.")
+    output_dir: str = Field("runs/eval", description="Per-episode JSONL, summary JSON/markdown and PNG plots go here.")
+    mlflow_experiment: str = Field("eval", description="MLflow experiment of the run.")
+    run_name: str = Field("eval", description="MLflow run name.")
+    device: str = Field("cpu", description="Torch device for the models ('cuda' on GPU machines).")
+    seed: int = Field(0, description="Seeds sampling (same seed, model and config -> same episodes).")
+
+
+@dataclass
+class EvalResult:
+    summary_rows: list[dict]
+    efficiency_rows: list[dict]
+    per_problem_path: Path
+    plots: list[Path]
+    markdown: str
+    tts: dict[str, dict[str, dict[int, float]]]  # {model: {"pass@k": {k: v}, "majority@k": {k: v}}}
+    promotion: PromotionDecision | None = None
+    records: list[EvalRecord] = field(default_factory=list, repr=False)
+
+
+def load_problem_set(cfg: ProblemSetConfig) -> list[Problem]:
+    """The first `cfg.size` problems of the set; bad rows in a file raise, naming file and line."""
+    if cfg.source == "humaneval":
+        return humaneval_problems()[: cfg.size]
+    if cfg.source == "computation":
+        return computation_problems(cfg.size, rng_seed=cfg.seed, split="test")
+    return load_problems(cfg.source, split="test", limit=cfg.size, strict=True).problems
+
+
+def build_judge(cfg: EvalConfig) -> Judge:
+    if cfg.judge == "normalized_match":
+        return NormalizedMatchJudge()
+    if not (cfg.judge_base_url and cfg.judge_model):
+        raise ValueError("EvalConfig: judge='llm' needs fields 'judge_base_url' and 'judge_model'")
+    from openai import OpenAI
+
+    client = OpenAI(base_url=cfg.judge_base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"))
+
+    def complete(messages: list[dict[str, str]]) -> str:
+        reply = client.chat.completions.create(model=cfg.judge_model, messages=messages, temperature=0.0)
+        return reply.choices[0].message.content or ""
+
+    return LLMJudge(complete)
+
+
+def rollout_config(cfg: EvalConfig) -> RolloutConfig:
+    return RolloutConfig(group_size=cfg.n_samples, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                         token_budget=cfg.token_budget, temperature=cfg.temperature, top_p=cfg.top_p,
+                         system_prompt=cfg.system_prompt)
+
+
+def evaluate_model(label: str, uri: str, problem_sets: dict[str, list[Problem]], cfg: EvalConfig, toolbox,
+                   judge: Judge, limits: SandboxLimits, work_dir: Path) -> list[EvalRecord]:
+    """All episodes of one model on every set (n_samples per problem), batched `problems_per_batch` at a time."""
+    model_dir = tracking.resolve_model_uri(normalize_model_uri(uri), work_dir / label)
+    model, tokenizer = load_policy(model_dir, device=cfg.device)
+    model.eval()
+    engine = HFEngine(model, tokenizer)
+    rollout = rollout_config(cfg)
+    records: list[EvalRecord] = []
+    total = sum(len(ps) for ps in problem_sets.values())
+    with tqdm(total=total, desc=f"eval {label}", unit="problem") as bar, torch.no_grad():
+        for set_label, problems in problem_sets.items():
+            for start in range(0, len(problems), cfg.problems_per_batch):
+                chunk = problems[start:start + cfg.problems_per_batch]
+                episodes = run_rollouts(engine, tokenizer, toolbox, chunk, rollout, seed=cfg.seed * 7919 + start)
+                records += [episode_to_record(ep, label, set_label, judge, limits) for ep in episodes]
+                bar.update(len(chunk))
+    return records
+
+
+def build_teacher_backend(cfg: TeacherConfig, problems: list[Problem], seed: int) -> LLMBackend:
+    """The teacher backend `cfg` names; the scripted oracle is told the problems it will be asked about."""
+    if cfg.backend == "openai":
+        return OpenAIChatBackend(cfg.endpoint, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens)
+    return ScriptedOracleBackend(OracleKnowledge(problems), cfg.mistake_rate, cfg.reflection_rate, seed)
+
+
+def evaluate_teacher(problem_sets: dict[str, list[Problem]], cfg: EvalConfig, toolbox, judge: Judge,
+                     limits: SandboxLimits) -> list[EvalRecord]:
+    """The teacher MAS, n_samples runs per problem; its tokens count every agent's prompts and completions."""
+    records: list[EvalRecord] = []
+    total = sum(len(ps) for ps in problem_sets.values()) * cfg.n_samples
+    with tqdm(total=total, desc="eval teacher", unit="run") as bar:
+        for set_label, problems in problem_sets.items():
+            backend = build_teacher_backend(cfg.teacher, problems, seed=cfg.seed)
+            for problem in problems:
+                for sample in range(cfg.n_samples):
+                    log = run_mas(problem, backend, toolbox, cfg.teacher, log_id=f"{problem.id}#{sample}",
+                                  sample_idx=sample)
+                    records.append(mas_log_to_record(log, problem, set_label, judge, limits, model=TEACHER_LABEL))
+                    bar.update(1)
+    return records
+
+
+def run_gate(cfg: EvalConfig, records: list[EvalRecord], problem_sets: dict[str, list[Problem]], toolbox,
+             judge: Judge, limits: SandboxLimits, work_dir: Path) -> tuple[PromotionDecision, list[EvalRecord]]:
+    """Evaluate the current champion on the gate set next to the candidate (same problems and sampling),
+    decide, and apply the alias. Returns the decision and the champion's records (added to the report)."""
+    gate = cfg.gate
+    if gate.candidate not in cfg.models:
+        raise ValueError(f"EvalConfig: gate.candidate {gate.candidate!r} is not a label in models {sorted(cfg.models)}")
+    if gate.problem_set not in problem_sets:
+        raise ValueError(f"EvalConfig: gate.problem_set {gate.problem_set!r} is not in problem_sets")
+    uri = normalize_model_uri(cfg.models[gate.candidate])
+    if not is_registry_uri(uri):
+        raise ValueError(f"EvalConfig: gate.candidate {gate.candidate!r} has URI {uri!r}; the gate needs a registry "
+                         "URI (models:/name/version) to set an alias on")
+    name, version = resolve_registry_version(uri)
+    candidate_score = accuracy([r for r in records if r.model == gate.candidate and r.problem_set == gate.problem_set])
+    champion_version = current_champion_version(name)
+    if champion_version == version:  # re-evaluating the champion itself changes nothing
+        return PromotionDecision(CHAMPION, "is the current champion", candidate_score, candidate_score,
+                                 gate.margin), []
+    champion_records: list[EvalRecord] = []
+    champion_score = None
+    if champion_version is not None:
+        champion_records = evaluate_model(CHAMPION_LABEL, f"models:/{name}/{champion_version}",
+                                          {gate.problem_set: problem_sets[gate.problem_set]}, cfg, toolbox, judge,
+                                          limits, work_dir)
+        champion_score = accuracy(champion_records)
+    decision = decide_promotion(candidate_score, champion_score, gate.margin)
+    apply_promotion(name, version, decision, gate.problem_set, champion_version)
+    return decision, champion_records
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def metric_name(*parts: str) -> str:
+    """MLflow metric names allow letters, digits, `_-./ ` only: "sft.multihop.pass@3" -> "sft.multihop.pass_at_3"."""
+    return ".".join(parts).replace("@", "_at_")
+
+
+def log_to_mlflow(rows: list[dict], eff_rows: list[dict], markdown: str, figures: dict, out_dir: Path) -> None:
+    """Metrics `<model>.<set>.<column>` and `<model>.vs_teacher.<column>`, tables, markdown, episodes, plots."""
+    for row in rows:
+        tracking.log_metrics({metric_name(row["model"], row["set"], key): value for key, value in row.items()
+                              if isinstance(value, (int, float)) and key not in ("problems", "samples")}, step=0)
+    for row in eff_rows:
+        tracking.log_metrics({metric_name(row["model"], "vs_teacher", key): value for key, value in row.items()
+                              if key != "model" and value is not None}, step=0)
+    tracking.log_table_rows(rows, "summary.json")
+    tracking.log_table_rows(eff_rows, "efficiency.json")
+    mlflow.log_text(markdown, "summary.md")
+    mlflow.log_artifact(str(out_dir / "episodes.jsonl"))
+    for name, fig in figures.items():
+        tracking.log_figure(fig, name)
+
+
+def evaluate(cfg: EvalConfig) -> EvalResult:
+    """Run every model (and the teacher) on every problem set; write, plot, log, and apply the gate."""
+    if not cfg.problem_sets:
+        raise ValueError("EvalConfig: field 'problem_sets' is empty; name at least one problem set")
+    if max(cfg.ks) > cfg.n_samples:
+        raise ValueError(f"EvalConfig: ks {cfg.ks} has k > n_samples={cfg.n_samples}; sample at least max(ks)")
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_problem_path = out_dir / "episodes.jsonl"
+    problem_sets = {label: load_problem_set(ps) for label, ps in cfg.problem_sets.items()}
+    toolbox = build_toolbox(cfg.toolbox)
+    judge = build_judge(cfg)
+    limits = SandboxLimits(timeout_s=cfg.test_timeout_s, cpu_s=int(cfg.test_timeout_s) + 1)
+    records: list[EvalRecord] = []
+    decision = None
+    with tracking.start_run(cfg.mlflow_experiment, cfg.run_name, params=cfg.model_dump(mode="json")), \
+            tempfile.TemporaryDirectory(prefix="afm-eval-models-") as tmp:
+        if cfg.include_teacher:
+            records += evaluate_teacher(problem_sets, cfg, toolbox, judge, limits)
+            write_records(per_problem_path, records)  # after each model: a crash keeps what is done
+        for label, uri in cfg.models.items():
+            records += evaluate_model(label, uri, problem_sets, cfg, toolbox, judge, limits, Path(tmp))
+            write_records(per_problem_path, records)
+        if cfg.gate is not None:
+            decision, champion_records = run_gate(cfg, records, problem_sets, toolbox, judge, limits, Path(tmp))
+            records += champion_records
+            write_records(per_problem_path, records)
+        rows = summary_rows(records, cfg.ks)
+        eff_rows = efficiency_rows(records, TEACHER_LABEL)
+        markdown = summary_markdown(rows, eff_rows)
+        if decision is not None:
+            markdown += (f"\n## Promotion\n\n{cfg.gate.candidate}: **{decision.alias}** ({decision.reason}; "
+                         f"candidate {decision.candidate_score:.3f}, champion "
+                         f"{'-' if decision.champion_score is None else f'{decision.champion_score:.3f}'})\n")
+        curves = tts_curves(records, max_k=cfg.n_samples)
+        write_text_atomic(out_dir / "summary.json", json.dumps(
+            {"summary": rows, "efficiency": eff_rows, "tts": curves}, indent=2))
+        write_text_atomic(out_dir / "summary.md", markdown)
+        figures = save_plots(rows, eff_rows, curves, out_dir)
+        log_to_mlflow(rows, eff_rows, markdown, figures, out_dir)
+        tracking.log_table_rows([{"model": m, **c} for m, c in curves.items()], "tts.json")
+        for fig in figures.values():
+            plt.close(fig)
+    return EvalResult(rows, eff_rows, per_problem_path, [out_dir / name for name in figures], markdown, curves,
+                      decision, records)

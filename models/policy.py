@@ -1,0 +1,72 @@
+"""Load and save a policy (causal LM + tokenizer) from a local directory or an artifact store.
+
+The same call loads the tiny default policy and a real checkpoint directory (e.g. a Qwen2.5 download placed
+on disk): both are `save_pretrained` directories. Nothing is ever fetched from a model hub
+(`local_files_only=True`); `s3://bucket/prefix/name` URIs are artifacts written with
+`afm.storage.ArtifactStore.write_artifact` and are downloaded (sha256-verified) before loading.
+
+Usage:
+    model, tok = load_policy("runs/sft-v1/policy")            # or "s3://afm/artifacts/policies/sft-v1"
+    save_policy(model, tok, "runs/sft-v1/policy")             # atomic: temp dir + rename
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from afm.storage import open_store
+
+
+def _load_local(path: Path, dtype: torch.dtype | None, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if not path.exists():
+        raise FileNotFoundError(f"policy directory {path} does not exist; pass a save_pretrained directory or s3:// URI")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a save_pretrained model directory")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    # dtype None keeps the checkpoint's own dtype (float32 for the tiny policy, bf16 for most real ones).
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", local_files_only=True)
+    return model.to(device), tokenizer
+
+
+def load_policy(
+    path_or_uri: str | Path, dtype: torch.dtype | None = None, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer) from a local save_pretrained directory or an `s3://.../<artifact>` URI."""
+    text = str(path_or_uri)
+    if not text.startswith("s3://"):
+        return _load_local(Path(text), dtype, device)
+    # A store rooted at the parent prefix holds the artifact under its last path component; the resulting
+    # object keys are the same whichever split of the prefix is chosen.
+    root, _, name = text.rstrip("/").rpartition("/")
+    store = open_store(root)
+    with tempfile.TemporaryDirectory(prefix="afm-policy-") as tmp:
+        local = store.fetch_artifact(name, Path(tmp))
+        return _load_local(local, dtype, device)
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+    """Write model (safetensors) + tokenizer to `out_dir` atomically; an existing `out_dir` is replaced."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out_dir.exists():
+            # A non-empty directory cannot be os.replace'd: move the old policy aside, then the new one in.
+            # Between the two renames `out_dir` is briefly absent, but it is never half-written.
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, old / "policy")
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir

@@ -1,0 +1,58 @@
+"""Stage bookkeeping shared by the Prefect tasks: cache keys, completed-stage lookup, transient-error retries.
+
+A stage's output is an artifact in the store whose manifest is written last. Its name carries a key hashed
+from the stage's config and the manifests of its inputs, so a re-run with the same inputs finds the manifest
+and skips the work (a crash costs at most the stage in progress), and any change of config or input data
+makes a new key.
+
+Usage (inside a task):
+    key = stage_key("sft", cfg, inputs={"dataset": dataset_sha})
+    done = completed_stage(store, "sft", key)     # manifest dict, or None
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from typing import Any
+
+import botocore.exceptions
+from pydantic import BaseModel
+
+# Errors worth a retry: the network or a server hiccuped. Anything else (bad config, a bug) fails at once.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    socket.timeout,
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectTimeoutError,
+    botocore.exceptions.ReadTimeoutError,
+)
+
+
+def retry_on_transient(task, task_run, state) -> bool:  # noqa: ARG001 (Prefect's retry_condition_fn signature)
+    """Prefect `retry_condition_fn`: retry only when the task failed with one of TRANSIENT_ERRORS."""
+    try:
+        state.result()
+    except TRANSIENT_ERRORS:
+        return True
+    except BaseException:  # noqa: BLE001 - any other failure is final
+        return False
+    return False
+
+
+def stage_key(stage: str, config: BaseModel, inputs: dict[str, Any] | None = None) -> str:
+    """16 hex chars of sha256 over the stage name, its config and its inputs' identities (shas, URIs)."""
+    payload = json.dumps(
+        {"stage": stage, "config": config.model_dump(mode="json"), "inputs": inputs or {}}, sort_keys=True
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def stage_artifact(stage: str, key: str) -> str:
+    return f"stages/{stage}-{key}"
+
+
+def completed_stage(store, stage: str, key: str) -> dict | None:
+    """The manifest of a completed run of this stage with this key, or None."""
+    return store.read_manifest(stage_artifact(stage, key))

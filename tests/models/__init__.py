@@ -1,0 +1,1 @@
+"""Tests for models/: format, tokenizer, tiny model, policy I/O, generation engines."""

@@ -1,0 +1,109 @@
+"""SFT data: observation masking, truncation at observation boundaries, packing and its attention isolation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.format import OBSERVATION_CLOSE, TOOL_TAGS, parse_segments
+from models.tiny import build_tiny_model
+from models.tokenizer import decode, encode_observation, encode_prompt
+from training.sft_data import (
+    IGNORE_INDEX, build_examples, collate_rows, count_targets, model_inputs, pack_examples, token_loss_sum,
+)
+
+
+def _find(haystack: list[int], needle: list[int], start: int = 0) -> int:
+    for i in range(start, len(haystack) - len(needle) + 1):
+        if haystack[i:i + len(needle)] == needle:
+            return i
+    raise AssertionError("observation ids not found in the encoded example")
+
+
+def test_no_observation_or_prompt_token_carries_a_label(trajectories, tokenizer):
+    examples, report = build_examples(trajectories, tokenizer, "You are an agent.", max_len=1024)
+    assert report.examples == len(trajectories) and report.truncated == 0
+    for traj, example in zip(trajectories, examples):
+        prompt = encode_prompt(tokenizer, traj.question, "You are an agent.")
+        assert all(label == IGNORE_INDEX for label in example.labels[:len(prompt)])
+        pos = len(prompt)
+        for seg in traj.segments:
+            if seg.tag != "observation":
+                continue
+            obs = encode_observation(tokenizer, seg.text)
+            pos = _find(example.input_ids, obs, pos)
+            assert all(label == IGNORE_INDEX for label in example.labels[pos:pos + len(obs)]), traj.id
+            pos += len(obs)
+        # Everything the model wrote (and only that) is learned: the labeled text has no observation in it.
+        learned = decode(tokenizer, [t for t in example.labels if t != IGNORE_INDEX])
+        assert "<observation>" not in learned and "Found 2 results" not in learned
+        assert learned.endswith(f"<answer>{traj.answer}</answer><|im_end|>")
+
+
+def test_truncation_cuts_after_an_observation_and_counts_drops(trajectories, tokenizer):
+    two_hop = [t for t in trajectories if t.tool_calls == 2]
+    full, _ = build_examples(two_hop, tokenizer, None, max_len=1024)
+    max_len = min(len(e) for e in full) - 1  # too short for every 2-hop example, long enough for its first hop
+    examples, report = build_examples(two_hop, tokenizer, None, max_len=max_len)
+    assert report.truncated == len(two_hop) and report.dropped_too_long == 0
+    for example in examples:
+        assert len(example) <= max_len
+        text = decode(tokenizer, example.input_ids)
+        assert text.endswith(OBSERVATION_CLOSE)
+        segments = parse_segments(text.split("<|im_start|>assistant\n", 1)[1])
+        for i, seg in enumerate(segments):  # every tool call is followed by its observation
+            if seg.tag in TOOL_TAGS:
+                assert segments[i + 1].tag == "observation"
+    _, report = build_examples(two_hop, tokenizer, None, max_len=40)
+    assert report.dropped_too_long == len(two_hop) and report.examples == 0
+
+
+def test_packing_keeps_every_example_once_within_max_len(trajectories, tokenizer):
+    examples, _ = build_examples(trajectories, tokenizer, None, max_len=512)
+    rows = pack_examples(examples, max_len=512)
+    assert all(sum(len(e) for e in row) <= 512 for row in rows)
+    assert sorted(id(e) for row in rows for e in row) == sorted(id(e) for e in examples)
+    assert len(rows) <= len(examples) // 2  # ~150-token examples: at least 3 per row
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logits_equal_each_example_alone(trajectories, tokenizer, tiny_model_cfg, attn):
+    model = build_tiny_model(tiny_model_cfg, tokenizer).eval()
+    model.config._attn_implementation = attn
+    examples, _ = build_examples(trajectories[:3], tokenizer, None, max_len=512)
+    batch = collate_rows([examples], tokenizer.pad_token_id)
+    with torch.no_grad():
+        packed = model(**model_inputs(batch)).logits[0]
+        start = 0
+        for example in examples:
+            alone = model(input_ids=torch.tensor([example.input_ids]), use_cache=False).logits[0]
+            torch.testing.assert_close(packed[start:start + len(example)], alone, atol=1e-5, rtol=1e-5)
+            start += len(example)
+
+
+def test_packed_examples_do_not_attend_across_boundaries(trajectories, tokenizer, tiny_model):
+    first, second = build_examples(trajectories[:2], tokenizer, None, max_len=512)[0]
+    changed = type(first)([(t + 7) % len(tokenizer) for t in first.input_ids], first.labels)
+    with torch.no_grad():
+        out = [tiny_model(**model_inputs(collate_rows([[a, second]], tokenizer.pad_token_id))).logits[0, len(first):]
+               for a in (first, changed)]
+    torch.testing.assert_close(out[0], out[1], atol=0, rtol=0)
+    # Sanity: the same row WITHOUT restarting positions does let the second example see the first.
+    batch = collate_rows([[first, second]], tokenizer.pad_token_id)
+    with torch.no_grad():
+        leaky = tiny_model(input_ids=batch["input_ids"], use_cache=False).logits[0, len(first):]
+    assert (leaky - out[0]).abs().max() > 1e-3
+
+
+def test_packed_loss_equals_token_weighted_mean_of_unpacked_losses(trajectories, tokenizer, tiny_model):
+    examples, _ = build_examples(trajectories[:8], tokenizer, None, max_len=512)
+    rows = pack_examples(examples, max_len=512)
+    packed = collate_rows(rows, tokenizer.pad_token_id)
+    with torch.no_grad():
+        packed_loss = token_loss_sum(tiny_model, packed) / count_targets(packed)
+        sums, counts = 0.0, 0
+        for example in examples:
+            alone = collate_rows([[example]], tokenizer.pad_token_id)
+            sums += token_loss_sum(tiny_model, alone).item()
+            counts += count_targets(alone)
+    assert count_targets(packed) == counts
+    assert abs(packed_loss.item() - sums / counts) < 1e-5

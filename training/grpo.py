@@ -1,0 +1,108 @@
+"""GRPO / DAPO learner math as pure torch functions (no Ray, no Prefect, no model-specific code).
+
+- `group_advantages`: GRPO group-normalized outcome advantage (r - mean_g) / (std_g + eps), one value per episode
+  broadcast over its tokens; std is the unbiased sample std, as verl computes it.
+- `informative_groups`: DAPO dynamic sampling — groups whose rewards are all equal carry no signal (their
+  advantages are all 0) and are dropped.
+- `policy_loss`: PPO clipped surrogate with DAPO clip-higher (ratio clipped to [1 - eps_low, 1 + eps_high]),
+  token-level aggregation (sum over every valid token of the batch / number of valid tokens, so long episodes
+  are not down-weighted per token), optional KL to a reference policy with the k3 estimator, plus entropy and
+  clip-fraction statistics. Observation and prompt tokens have mask 0 and never reach the loss.
+- `sequence_logprobs`: per-token log-probabilities (and entropies) of a causal LM on given ids.
+
+Why a torch learner and not TRL's GRPOTrainer: TRL is not installed here, and its trainer owns the generation
+loop (single-turn completions from a prompt dataset); a CoA episode interleaves policy tokens with tool
+observations that must be masked out of the loss while keeping the exact generated ids and their rollout
+logprobs. Expressing that means replacing TRL's rollout, masking and batching — most of the trainer — so
+the ~100 lines below are the smaller, clearer option.
+
+Usage:
+    adv = group_advantages(rewards.view(P, G))                       # [P, G]
+    logp, ent = sequence_logprobs(model, ids, attention_mask)        # [B, T-1] each
+    loss, stats = policy_loss(logp, old_logp, adv_per_token, loss_mask, eps_low=0.2, eps_high=0.28)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """rewards [num_groups, G] -> advantages [num_groups, G] = (r - mean) / (std + eps) within each group.
+    A group of one sample gets advantage 0 (no baseline to compare with)."""
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [num_groups, group_size], got shape {tuple(rewards.shape)}")
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True, unbiased=True)
+    return (rewards - mean) / (std + eps)
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """rewards [num_groups, G] -> bool [num_groups]: True where not every reward in the group is equal."""
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each next token under `model`: [B, T-1] for targets input_ids[:, 1:], and the entropy of the
+    predictive distribution at each of those positions (None if with_entropy=False)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    return logprobs_from_logits(logits, input_ids[:, 1:], with_entropy)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [B, T, V], targets [B, T] -> (log p(target) [B, T], entropy [B, T] or None)."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    token_logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
+    return token_logp, entropy
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased)."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    num_valid_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped-surrogate loss with token-level aggregation. All tensors [B, T] (advantages may be [B] or
+    [B, 1]: one value per episode). `num_valid_tokens` is the denominator; pass the count over the whole
+    minibatch when it is split into micro-batches so accumulated gradients equal the full-batch gradient
+    (default: the valid tokens of this call). Returns (loss, stats)."""
+    mask = loss_mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    denom = float(num_valid_tokens) if num_valid_tokens is not None else mask.sum().clamp(min=1.0)
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(unclipped, clipped)
+    stats: dict[str, float] = {}
+    if ref_logprobs is not None and kl_coef > 0:
+        kl = kl_k3(logprobs, ref_logprobs)
+        per_token = per_token + kl_coef * kl
+        stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1.0))
+    loss = (per_token * mask).sum() / denom
+    with torch.no_grad():
+        valid = mask.sum().clamp(min=1.0)
+        stats["clip_fraction"] = float(((clipped > unclipped).to(mask.dtype) * mask).sum() / valid)
+        stats["ratio_mean"] = float((ratio * mask).sum() / valid)
+        if entropy is not None:
+            stats["entropy"] = float((entropy * mask).sum() / valid)
+    return loss, stats

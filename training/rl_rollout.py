@@ -1,0 +1,228 @@
+"""Multi-turn Chain-of-Agents rollouts for agentic RL: G episodes per prompt, real tools, token-in/token-out.
+
+One episode: the policy generates from `prompt_ids + response_ids` until it closes a tool call (`</code>`,
+`</web_search>`, ...) or `</answer>`; on a tool call the tool runs (`ToolBox.call(tag, argument)` with the text
+inside the LAST open tag of that turn) and its observation ids (`encode_observation`: trusted observation
+tags around untrusted tool text) are appended with loss mask 0; repeat until an answer, `max_turns` turns or
+the response token budget. The training sequence is exactly prompt + generated ids + inserted observation
+ids — text is never re-tokenized — with the sampler's logprob for every generated token.
+
+Batching: every live episode of every prompt generates together in one `engine.generate` call per turn
+(`max_batch_size` splits it when memory is tight; 1 gives naive one-at-a-time generation for benchmarks).
+
+Safety: tool calls are parsed only from the text the policy generated in that turn, so tags or instructions
+inside observations are never executed or counted as the model's answer; `Episode.model_text` (what rewards
+score) holds generated text only. This does NOT stop a page from persuading the policy in plain words.
+
+Usage:
+    episodes = run_rollouts(engine, tokenizer, toolbox, problems, RolloutConfig(group_size=4), seed=0)
+    episodes[0].response_ids, episodes[0].loss_mask, episodes[0].status
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from pydantic import Field
+from transformers import PreTrainedTokenizerBase
+
+from afm.config import Config
+from agents.tools.base import ToolResult
+from models.engines.base import GenerationEngine
+from models.format import STOP_STRINGS, TOOL_TAGS, Segment, TrajectoryError, parse_segments
+from models.tokenizer import check_token_roundtrip, decode, encode_observation, encode_prompt
+from problems.records import Problem
+
+STATUSES = ("answered", "max_turns", "token_budget", "format_error")
+_TOOL_CLOSE = {f"</{tag}>": tag for tag in TOOL_TAGS}
+
+
+class ToolCaller(Protocol):
+    """What a rollout needs from `agents.tools.ToolBox`."""
+
+    def call(self, tag: str, argument: str) -> ToolResult: ...
+
+
+class RolloutConfig(Config):
+    """How episodes are sampled."""
+
+    group_size: int = Field(4, ge=1, description="Episodes per prompt (GRPO group size G; 8 on GPU as in AFM).")
+    max_turns: int = Field(6, ge=1, description="Generation turns per episode (AFM: 25 web, 8 code).")
+    max_new_tokens: int = Field(96, ge=1, description="Tokens one turn may generate before it is cut.")
+    token_budget: int = Field(384, ge=1, description="Response tokens per episode, generated + observations.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (1.0 keeps rollout logprobs = policy logprobs).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_batch_size: int = Field(0, ge=0, description="Most sequences per generate call; 0 = all live episodes at once.")
+    system_prompt: str | None = Field(None, description="System prompt; must be the one the policy was SFT'd with.")
+    check_roundtrip: bool = Field(False, description="Strict mode: raise if an answered episode's ids differ from re-tokenizing its text.")
+
+
+@dataclass
+class ToolCall:
+    tag: str
+    argument: str
+    status: str
+    seconds: float
+
+
+@dataclass
+class Episode:
+    """One sampled episode. `response_ids`, `loss_mask` and `rollout_logprobs` are aligned (observation tokens:
+    mask 0, logprob 0.0)."""
+
+    problem: Problem
+    prompt_index: int  # which prompt of the batch: the GRPO group
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
+    model_text: str = ""  # generated text only: what rewards read
+    segments: list[Segment] = field(default_factory=list)  # generated turns parsed + observations, when parseable
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    turns: int = 0
+    status: str = ""  # one of STATUSES once finished
+    generation_s: float = 0.0  # this episode's share of batched generation time
+    tool_s: float = 0.0
+    parse_ok: bool = True  # every generated turn parsed as CoA segments
+    pieces: list[str] = field(default_factory=list, repr=False)  # decoded turns and observations, in order
+
+    @property
+    def response_text(self) -> str:
+        """The decoded response, observations included (for logs and verl-style scoring)."""
+        return "".join(self.pieces)
+
+
+def _tool_argument(turn_text: str, tag: str) -> str | None:
+    """Text inside the last `<tag>` of a turn that ends with `</tag>`; None if the call was never opened."""
+    body = turn_text[: -len(f"</{tag}>")]
+    start = body.rfind(f"<{tag}>")
+    return None if start < 0 else body[start + len(tag) + 2:]
+
+
+def _append_generated(ep: Episode, tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], logprobs: Sequence[float]) -> str:
+    text = decode(tokenizer, ids)
+    ep.response_ids += list(ids)
+    ep.loss_mask += [1] * len(ids)
+    ep.rollout_logprobs += list(logprobs)
+    ep.model_text += text
+    ep.pieces.append(text)
+    if ep.parse_ok:
+        try:
+            ep.segments += parse_segments(text)
+        except TrajectoryError:
+            ep.parse_ok = False
+    return text
+
+
+def _append_observation(ep: Episode, tokenizer: PreTrainedTokenizerBase, observation: str) -> list[int]:
+    ids = encode_observation(tokenizer, observation)
+    ep.response_ids += ids
+    ep.loss_mask += [0] * len(ids)
+    ep.rollout_logprobs += [0.0] * len(ids)
+    ep.pieces.append(decode(tokenizer, ids))
+    ep.segments.append(Segment("observation", observation))
+    return ids
+
+
+def advance_episode(ep: Episode, gen, tokenizer, toolbox: ToolCaller, cfg: RolloutConfig) -> None:
+    """Apply one turn's generation to an episode: finish it or run its tool call."""
+    remaining = cfg.token_budget - len(ep.response_ids)
+    ids, logprobs = gen.token_ids[:remaining], gen.logprobs[:remaining]
+    cut = len(ids) < len(gen.token_ids)
+    text = _append_generated(ep, tokenizer, ids, logprobs)
+    ep.turns += 1
+    if cut:
+        ep.status = "token_budget"
+        return
+    if gen.stop == "</answer>":
+        ep.status = "answered"
+        return
+    if len(ep.response_ids) >= cfg.token_budget:
+        ep.status = "token_budget"
+        return
+    if gen.stop not in _TOOL_CLOSE:
+        # Length cut within the turn, or eos without an answer.
+        ep.status = "token_budget" if gen.finish_reason == "length" else "format_error"
+        return
+    tag = _TOOL_CLOSE[gen.stop]
+    argument = _tool_argument(text, tag)
+    if argument is None:
+        ep.status = "format_error"
+        return
+    if ep.turns >= cfg.max_turns:
+        ep.status = "max_turns"
+        return
+    started = time.perf_counter()
+    result = toolbox.call(tag, argument.strip())
+    seconds = time.perf_counter() - started
+    ep.tool_s += seconds
+    ep.tool_calls.append(ToolCall(tag, argument.strip(), result.status, seconds))
+    if len(ep.response_ids) + len(encode_observation(tokenizer, result.text)) >= cfg.token_budget:
+        ep.status = "token_budget"
+        return
+    _append_observation(ep, tokenizer, result.text)
+
+
+def run_rollouts(
+    engine: GenerationEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    toolbox: ToolCaller,
+    problems: Sequence[Problem],
+    cfg: RolloutConfig,
+    seed: int,
+) -> list[Episode]:
+    """Sample `cfg.group_size` episodes for each problem; returns them grouped (prompt-major order).
+    Deterministic for a given seed, model and batch composition."""
+    episodes: list[Episode] = []
+    for p_index, problem in enumerate(problems):
+        prompt_ids = encode_prompt(tokenizer, problem.question, cfg.system_prompt)
+        episodes += [Episode(problem, p_index, s, list(prompt_ids)) for s in range(cfg.group_size)]
+    turn = 0
+    while live := [ep for ep in episodes if not ep.status]:
+        chunk = cfg.max_batch_size or len(live)
+        for start in range(0, len(live), chunk):
+            batch = live[start:start + chunk]
+            started = time.perf_counter()
+            gens = engine.generate(
+                [ep.prompt_ids + ep.response_ids for ep in batch],
+                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                stop=STOP_STRINGS, seed=seed * 1_000_003 + turn * 1_009 + start,
+            )
+            share = (time.perf_counter() - started) / len(batch)
+            for ep, gen in zip(batch, gens):
+                ep.generation_s += share
+                advance_episode(ep, gen, tokenizer, toolbox, cfg)
+        turn += 1
+    if cfg.check_roundtrip:
+        for ep in episodes:
+            if ep.status == "answered" and ep.parse_ok:
+                check_token_roundtrip(tokenizer, ep.prompt_ids, ep.response_ids, ep.segments)
+    return episodes
+
+
+@dataclass
+class RolloutStats:
+    episodes: int
+    generated_tokens: int
+    observation_tokens: int
+    generation_s: float
+    tool_s: float
+    tool_calls_per_episode: float
+    status_counts: dict[str, int]
+
+
+def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
+    """Totals for logging: token counts, time split, tool calls and finish statuses."""
+    generated = sum(sum(ep.loss_mask) for ep in episodes)
+    total = sum(len(ep.response_ids) for ep in episodes)
+    return RolloutStats(
+        episodes=len(episodes),
+        generated_tokens=generated,
+        observation_tokens=total - generated,
+        generation_s=sum(ep.generation_s for ep in episodes),
+        tool_s=sum(ep.tool_s for ep in episodes),
+        tool_calls_per_episode=sum(len(ep.tool_calls) for ep in episodes) / max(len(episodes), 1),
+        status_counts={s: sum(ep.status == s for ep in episodes) for s in STATUSES},
+    )

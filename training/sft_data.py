@@ -1,0 +1,218 @@
+"""SFT data: CoA trajectories -> (input_ids, labels) examples -> packed rows -> model-ready batches.
+
+Pipeline (plain functions, no Ray/Prefect):
+    examples, report = build_examples(trajectories, tokenizer, system_prompt, max_len)
+    rows = pack_examples(examples, max_len) if pack else [[e] for e in examples]
+    order = epoch_row_order(len(rows), seed, epoch)
+    batch = collate_rows([rows[i] for i in order[:4]], pad_id=tokenizer.pad_token_id)   # tensors
+    loss_sum, n_targets = token_loss_sum(model, batch)
+
+Labels. `labels[t] = input_ids[t]` where the model wrote token t (loss mask 1) and -100 on the prompt and on
+EVERY observation token (tags and newlines included), as `models.tokenizer.encode_trajectory` masks them.
+The first token of every example is always -100, so in a packed row no example's first token is ever a
+target predicted from the previous example's last token.
+
+Truncation. An example longer than `max_len` is cut at the end of an observation, i.e. at the segment
+boundary just before the model turn that follows it; so a tool call is never kept without its observation
+(the turn whose tool call or observation would not fit is dropped whole, think/plan segments before the
+call included: the loss mask tells where observations end, not where segments inside a model turn start,
+and that works for any tokenizer, tiny or Qwen). An example whose prompt, first model turn and first
+observation already exceed `max_len` cannot be cut and is dropped; `DataReport` counts both cases.
+
+Packing: why position_ids and no attention mask. Examples are packed best-fit-decreasing into rows of at
+most `max_len` tokens; `position_ids` restart at 0 for each example. transformers 5.24 (`masking_utils.
+find_packed_sequence_indices`) turns restarting position_ids into a block-diagonal causal mask for the
+sdpa and eager kernels (verified on CPU: each packed example's logits equal its logits alone, see
+tests/sft/test_sft_data.py), and flash-attention-2 on GPU reads the same position_ids as varlen
+cu_seqlens. A hand-built 4D mask would also work on sdpa/eager, but flash-attention ignores 4D masks
+and a dense (T x T) mask per row costs memory at long cutoffs; position_ids are one code path for all
+kernels. Two conditions are REQUIRED for transformers to honour them, and `model_inputs` guarantees
+both: `attention_mask=None` and `use_cache=False` (with a KV cache or an explicit 2D mask transformers
+silently falls back to one causal mask over the whole row, letting examples attend to each other).
+Row padding continues the last example's positions, so pad tokens are part of the last block, which
+the real tokens never see (causal) and which carries no labels.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
+
+from models.format import Trajectory
+from models.tokenizer import EncodedExample, encode_trajectory
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class SFTExample:
+    """One training sequence: token ids and labels (-100 where no loss is taken)."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def n_targets(self) -> int:
+        return sum(1 for label in self.labels if label != IGNORE_INDEX)
+
+
+@dataclass
+class DataReport:
+    """What happened to the trajectories on the way to examples."""
+
+    trajectories: int = 0
+    examples: int = 0
+    truncated: int = 0  # cut at an observation boundary to fit max_len
+    dropped_too_long: int = 0  # could not be cut to fit max_len
+    dropped_ids: list[str] = field(default_factory=list)
+    tokens: int = 0  # tokens in kept examples
+    target_tokens: int = 0  # tokens that carry a label
+
+    def as_metrics(self) -> dict[str, int]:
+        return {
+            "data.trajectories": self.trajectories, "data.examples": self.examples,
+            "data.truncated": self.truncated, "data.dropped_too_long": self.dropped_too_long,
+            "data.tokens": self.tokens, "data.target_tokens": self.target_tokens,
+        }
+
+
+def labels_from_mask(encoded: EncodedExample) -> SFTExample:
+    """Labels = ids where loss_mask is 1, else -100; the first token is never a target (see module doc)."""
+    if len(encoded.input_ids) != len(encoded.loss_mask):
+        raise ValueError(f"input_ids ({len(encoded.input_ids)}) and loss_mask ({len(encoded.loss_mask)}) differ in length")
+    labels = [tok if keep else IGNORE_INDEX for tok, keep in zip(encoded.input_ids, encoded.loss_mask)]
+    if labels:
+        labels[0] = IGNORE_INDEX
+    return SFTExample(list(encoded.input_ids), labels)
+
+
+def observation_end_cuts(loss_mask: Sequence[int]) -> list[int]:
+    """Token positions where an observation ends and a model turn begins (0 -> 1 after the prompt).
+
+    Cutting a sequence at one of these keeps every tool call together with its whole observation.
+    """
+    prompt_end = next((i for i, keep in enumerate(loss_mask) if keep), len(loss_mask))
+    return [i for i in range(prompt_end + 1, len(loss_mask)) if loss_mask[i] and not loss_mask[i - 1]]
+
+
+def truncate_at_observation_boundary(encoded: EncodedExample, max_len: int) -> EncodedExample | None:
+    """`encoded` if it fits, else its longest prefix ending at an observation boundary within max_len, else None."""
+    if len(encoded.input_ids) <= max_len:
+        return encoded
+    cuts = [c for c in observation_end_cuts(encoded.loss_mask) if c <= max_len]
+    if not cuts:
+        return None
+    cut = cuts[-1]
+    return EncodedExample(encoded.input_ids[:cut], encoded.loss_mask[:cut])
+
+
+def build_examples(
+    trajectories: Iterable[Trajectory],
+    tokenizer: PreTrainedTokenizerBase,
+    system_prompt: str | None,
+    max_len: int,
+) -> tuple[list[SFTExample], DataReport]:
+    """Encode, truncate and label every trajectory; returns the kept examples and a report of what was cut."""
+    report = DataReport()
+    examples: list[SFTExample] = []
+    for traj in trajectories:
+        report.trajectories += 1
+        encoded = encode_trajectory(tokenizer, traj, system_prompt)
+        fitted = truncate_at_observation_boundary(encoded, max_len)
+        if fitted is None:
+            report.dropped_too_long += 1
+            report.dropped_ids.append(traj.id)
+            continue
+        if fitted is not encoded:
+            report.truncated += 1
+        example = labels_from_mask(fitted)
+        examples.append(example)
+        report.tokens += len(example)
+        report.target_tokens += example.n_targets
+    report.examples = len(examples)
+    return examples, report
+
+
+def pack_examples(examples: Sequence[SFTExample], max_len: int) -> list[list[SFTExample]]:
+    """Best-fit-decreasing bin packing into rows of at most `max_len` tokens (deterministic).
+
+    Longest examples first; each goes into the open row with the least room that still fits it. Rows keep
+    examples in placement order; the trainer shuffles row order per epoch.
+    """
+    order = sorted(range(len(examples)), key=lambda i: (-len(examples[i]), i))
+    rows: list[list[SFTExample]] = []
+    # (room left, row index) sorted by room, so bisect finds the tightest row that fits.
+    rooms: list[tuple[int, int]] = []
+    for i in order:
+        length = len(examples[i])
+        if length > max_len:
+            raise ValueError(f"example of {length} tokens exceeds max_len={max_len}; build_examples truncates first")
+        pos = bisect.bisect_left(rooms, (length, -1))
+        if pos == len(rooms):
+            rows.append([examples[i]])
+            bisect.insort(rooms, (max_len - length, len(rows) - 1))
+            continue
+        room, row = rooms.pop(pos)
+        rows[row].append(examples[i])
+        bisect.insort(rooms, (room - length, row))
+    return rows
+
+
+def epoch_row_order(n_rows: int, seed: int, epoch: int) -> list[int]:
+    """The row order of one epoch: a permutation that depends only on (seed, epoch), so resume can rebuild it."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return torch.randperm(n_rows, generator=generator).tolist()
+
+
+def collate_rows(rows: Sequence[Sequence[SFTExample]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Rows of examples -> `input_ids`, `labels`, `position_ids` (B, T), T = the longest row.
+
+    Positions restart at 0 per example; the pad tail continues the last example's positions (module doc).
+    """
+    width = max(sum(len(e) for e in row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for example in row:
+            end = start + len(example)
+            input_ids[r, start:end] = torch.tensor(example.input_ids)
+            labels[r, start:end] = torch.tensor(example.labels)
+            position_ids[r, start:end] = torch.arange(len(example))
+            start = end
+        last_len = len(row[-1])
+        position_ids[r, start:] = torch.arange(last_len, last_len + width - start)
+    return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict:
+    """Forward kwargs that make transformers build the per-example (block-diagonal) causal mask."""
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": None, "use_cache": False}
+
+
+def count_targets(batch: dict[str, torch.Tensor]) -> int:
+    """Number of predicted tokens in a batch (labels after the shift that are not -100)."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum over target tokens of next-token cross-entropy (float32). Divide by the step's target count.
+
+    Summing (not averaging) per micro-batch is what makes gradient accumulation and data parallelism
+    token-weighted: every target token of a step counts once, whatever micro-batch or worker it landed in.
+    """
+    logits = model(**model_inputs(batch)).logits
+    shifted_logits = logits[:, :-1].float()
+    targets = batch["labels"][:, 1:].to(shifted_logits.device)
+    return F.cross_entropy(
+        shifted_logits.reshape(-1, shifted_logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )

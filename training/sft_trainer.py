@@ -1,0 +1,346 @@
+"""SFT trainer: a plain torch loop over packed, observation-masked CoA examples; runs alone or under Ray Train.
+
+Reads top to bottom: `setup` (model, data, optimizer, schedule, resume) -> `train` (steps with gradient
+accumulation, clipping, checkpoints, metrics) -> final checkpoint + policy -> `cleanup`.
+`run_sft_local(cfg)` runs it in this process (one worker, no Ray) inside one MLflow run;
+`training.sft_ray.train_sft(cfg)` runs the same `train_worker` on `num_workers` Ray Train workers (DDP).
+
+    cfg = load_config(SFTConfig, "configs/sft.yaml", overrides=["max_steps=100"])
+    result = run_sft_local(cfg)      # result.policy_dir, result.final_loss, result.model_version
+
+Why a plain loop and not HF Trainer/TRL: packing here relies on exact control of the forward call
+(`position_ids`, `attention_mask=None`, `use_cache=False`, see training/sft_data.py), the loss is summed
+per token and divided by the step's global target count (token-weighted across micro-batches and workers),
+resume must restore the exact data position of a deterministic row order, and a wall-clock budget must stop
+all workers at the same step. Each of those is a few lines here and a fight with callbacks there. The padded
+HF Trainer is the baseline in bench/bench_sft.py.
+
+Exact resume: a checkpoint holds model, optimizer, scheduler, RNG, and the step; the row order of an epoch
+depends only on (seed, epoch), so `step` alone fixes the data position. Continuing from a checkpoint gives
+the same losses as never stopping (tests/sft/test_resume.py kills a real run with SIGKILL).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from pydantic import Field
+from tqdm import tqdm
+
+from afm.config import Config
+from models.format import read_jsonl
+from models.policy import load_policy, save_policy
+from training.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint, unwrap_model
+from training.lr import warmup_schedule
+from training.sft_data import (
+    DataReport, SFTExample, build_examples, collate_rows, count_targets, epoch_row_order, pack_examples,
+    token_loss_sum,
+)
+from training.sft_tracking import StepMetricsLogger, finish_sft_run, resolve_dataset, start_sft_run
+
+
+class SFTConfig(Config):
+    """One SFT job: model, data, optimisation, budget, checkpoints, tracking."""
+
+    model_path: str = Field(..., description="Policy to fine-tune: a save_pretrained directory or s3:// artifact URI.")
+    dataset: str = Field(..., description="Trajectories: an artifact (dir or s3:// URI with manifest.json) or a .jsonl file.")
+    dataset_file: str = Field("train.jsonl", description="File inside the dataset artifact that holds the trajectories.")
+    system_prompt: str | None = Field(None, description="System prompt rendered before every question (None: none).")
+    max_len: int = Field(512, ge=16, description="Longest training row in tokens; longer trajectories are cut at an observation boundary.")
+    pack: bool = Field(True, description="Pack several examples per row (block-diagonal attention); False pads one example per row.")
+    micro_batch: int = Field(8, ge=1, description="Rows per forward/backward pass on each worker.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate of AdamW.")
+    warmup_ratio: float = Field(0.05, ge=0, le=1, description="Fraction of total steps with linear LR warmup.")
+    schedule: Literal["cosine", "constant"] = Field("cosine", description="LR after warmup: cosine decay to 0, or constant.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay on matrices (not on norms or biases).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+    max_steps: int | None = Field(None, ge=1, description="Optimizer steps to run; None: `epochs` full passes.")
+    epochs: int = Field(1, ge=1, description="Passes over the data when max_steps is None (also sets the LR schedule length).")
+    time_budget_s: float | None = Field(None, gt=0, description="Stop after this many seconds of training (summed over resumes).")
+    seed: int = Field(0, description="Seeds torch/numpy/python and the per-epoch row order.")
+    num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers (run_sft_local always uses 1).")
+    use_gpu: bool = Field(False, description="One GPU per worker (NCCL); False trains on CPU (gloo).")
+    bf16: bool = Field(True, description="bf16 autocast for the forward pass; applied on GPU only, CPU stays float32.")
+    checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N optimizer steps (and at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept; older ones are deleted.")
+    max_failures: int = Field(2, ge=0, description="Ray Train restarts from the latest checkpoint after a worker dies.")
+    report_every: int = Field(25, ge=1, description="Flush metrics to MLflow and report to Ray every N steps (~1.7 s per Ray report here).")
+    output_dir: str = Field("runs/sft", description="Local directory for checkpoints (local runs) and the final policy.")
+    checkpoint_uri: str | None = Field(None, description="Ray Train storage for checkpoints: a directory or s3://bucket/prefix; None: <output_dir>/ray.")
+    mlflow_experiment: str = Field("sft", description="MLflow experiment of the run.")
+    run_name: str = Field("sft", description="MLflow run name (and Ray Train run name).")
+    registered_model_name: str = Field("afm-sft", description="The final policy is registered as a new version of this model.")
+    log_system_metrics: bool = Field(True, description="MLflow system metrics (CPU, memory, GPU) during the run.")
+
+
+@dataclass
+class SFTResult:
+    policy_dir: Path
+    run_id: str
+    model_version: str
+    final_loss: float
+    steps: int
+    tokens_per_s: float
+    data: DataReport
+
+
+@dataclass
+class TrainOutcome:
+    """What a worker's loop returns (rank 0's view)."""
+
+    final_loss: float
+    steps: int
+    tokens_per_s: float
+    data: DataReport
+
+
+class CheckpointSink(Protocol):
+    """Where a worker's checkpoints and progress reports go: a local directory, or Ray Train."""
+
+    def latest(self) -> Path | None: ...
+
+    def save(self, step: int, parts: "TrainParts", state: dict[str, Any], metrics: dict[str, float], final: bool) -> None: ...
+
+    def report(self, metrics: dict[str, float]) -> None: ...
+
+
+@dataclass
+class WorkerContext:
+    rank: int
+    world_size: int
+    device: torch.device
+    prepare_model: Callable[[torch.nn.Module], torch.nn.Module]  # DDP wrapping (Ray) or identity (local)
+    sink: CheckpointSink
+
+
+@dataclass
+class TrainParts:
+    """Everything `setup` builds and the loop mutates."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    rows: list[list[SFTExample]]
+    data: DataReport
+    steps_per_epoch: int
+    total_steps: int
+    start_step: int
+    elapsed_s: float
+    fingerprint: dict[str, Any]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def adamw(model: torch.nn.Module, cfg: SFTConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (decaying norms and biases hurts small models)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
+    """Seed, load the policy and data, pack rows, build optimizer/schedule, resume from the latest checkpoint."""
+    seed_everything(cfg.seed)
+    model, tokenizer = load_policy(cfg.model_path, dtype=torch.float32)
+    model = ctx.prepare_model(model.to(ctx.device))
+    model.train()
+    data_path, manifest = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
+    examples, report = build_examples(read_jsonl(data_path), tokenizer, cfg.system_prompt, cfg.max_len)
+    rows = pack_examples(examples, cfg.max_len) if cfg.pack else [[e] for e in examples]
+    rows_per_step = cfg.micro_batch * cfg.grad_accum * ctx.world_size
+    steps_per_epoch = len(rows) // rows_per_step
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{cfg.dataset}: {len(rows)} rows ({report.examples} examples) < {rows_per_step} rows per step "
+            f"(micro_batch x grad_accum x num_workers); lower micro_batch/grad_accum or add data"
+        )
+    total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
+    optimizer = adamw(model, cfg)
+    scheduler = warmup_schedule(optimizer, cfg.schedule, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
+    # Resume is only exact when the data and the batch geometry are the same as when the checkpoint was made.
+    fingerprint = {
+        "dataset_digest": manifest["digest"], "rows": len(rows), "rows_per_step": rows_per_step,
+        "total_steps": total_steps, "seed": cfg.seed,
+    }
+    start_step, elapsed_s = 0, 0.0
+    checkpoint = ctx.sink.latest()
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, model, optimizer, scheduler)
+        if state["fingerprint"] != fingerprint:
+            raise ValueError(
+                f"checkpoint {checkpoint} was made with {state['fingerprint']}, this run has {fingerprint}; "
+                f"use a new output_dir/run_name or the original data and batch settings"
+            )
+        start_step, elapsed_s = state["step"], state["elapsed_s"]
+    return TrainParts(
+        model, tokenizer, optimizer, scheduler, rows, report, steps_per_epoch, total_steps, start_step, elapsed_s,
+        fingerprint,
+    )
+
+
+def step_micro_batches(
+    parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, step: int, order: list[int]
+) -> tuple[list[dict], int]:
+    """This worker's micro-batches for global step `step` (a fixed slice of the epoch's row order) and
+    their real (non-pad) token count."""
+    rows_per_step = cfg.micro_batch * cfg.grad_accum * ctx.world_size
+    start = (step % parts.steps_per_epoch) * rows_per_step
+    step_rows = order[start:start + rows_per_step]
+    batches, tokens = [], 0
+    for accum in range(cfg.grad_accum):
+        offset = (accum * ctx.world_size + ctx.rank) * cfg.micro_batch
+        rows = [parts.rows[i] for i in step_rows[offset:offset + cfg.micro_batch]]
+        batches.append(collate_rows(rows, parts.tokenizer.pad_token_id))
+        tokens += sum(len(example) for row in rows for example in row)
+    return batches, tokens
+
+
+def all_reduce_sum(values: list[float], ctx: WorkerContext) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    if ctx.world_size > 1:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def train_step(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, batches: list[dict], global_targets: float) -> tuple[float, float]:
+    """Forward/backward every micro-batch, clip, step. Returns (this worker's loss sum, grad norm)."""
+    model = parts.model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and ctx.device.type == "cuda")
+    loss_sum = 0.0
+    for i, batch in enumerate(batches):
+        batch = {k: v.to(ctx.device) for k, v in batch.items()}
+        # DDP averages gradients over workers; scaling by world_size / global_targets turns that into a sum
+        # over every target token of the step divided by their count (token-weighted mean).
+        sync = contextlib.nullcontext() if i == len(batches) - 1 or ctx.world_size == 1 else model.no_sync()
+        with sync, autocast:
+            summed = token_loss_sum(model, batch)
+            (summed * (ctx.world_size / global_targets)).backward()
+        loss_sum += summed.item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+    parts.optimizer.step()
+    parts.scheduler.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+def checkpoint_state(parts: TrainParts, step: int, elapsed_s: float, loss: float) -> dict[str, Any]:
+    epoch, step_in_epoch = divmod(step, parts.steps_per_epoch)
+    return {
+        "epoch": epoch, "step_in_epoch": step_in_epoch, "elapsed_s": elapsed_s, "loss": loss,
+        "fingerprint": parts.fingerprint,
+    }
+
+
+def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMetricsLogger | None) -> TrainOutcome:
+    """The optimisation loop from `parts.start_step` to `total_steps`, the time budget, or the end of data."""
+    loss, tokens_per_s, step = float("nan"), 0.0, parts.start_step
+    elapsed_s, order_epoch, order = parts.elapsed_s, -1, []
+    total_tokens, loop_start = 0.0, time.perf_counter()
+    bar = tqdm(total=parts.total_steps, initial=step, desc="sft", disable=ctx.rank != 0)
+    while step < parts.total_steps:
+        tick = time.perf_counter()
+        epoch = step // parts.steps_per_epoch
+        if epoch != order_epoch:
+            order, order_epoch = epoch_row_order(len(parts.rows), cfg.seed, epoch), epoch
+        batches, local_tokens = step_micro_batches(parts, cfg, ctx, step, order)
+        out_of_time = float(cfg.time_budget_s is not None and elapsed_s >= cfg.time_budget_s)
+        targets, tokens, stop = all_reduce_sum([sum(count_targets(b) for b in batches), local_tokens, out_of_time], ctx)
+        if stop:  # every worker sees the same sum, so all stop at the same step
+            break
+        loss_sum, grad_norm = train_step(parts, cfg, ctx, batches, targets)
+        (global_loss_sum,) = all_reduce_sum([loss_sum], ctx)
+        loss = global_loss_sum / targets
+        step += 1
+        seconds = time.perf_counter() - tick
+        elapsed_s += seconds
+        total_tokens += tokens
+        tokens_per_s = tokens / seconds
+        metrics = {
+            "loss": loss, "lr": parts.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+            "tokens_per_s": tokens_per_s, "epoch": step / parts.steps_per_epoch,
+        }
+        if logger is not None:
+            logger.log(metrics, step)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}")
+        final = step == parts.total_steps
+        if step % cfg.checkpoint_every == 0 and not final:
+            ctx.sink.save(step, parts, checkpoint_state(parts, step, elapsed_s, loss), metrics, final=False)
+        elif step % cfg.report_every == 0:
+            ctx.sink.report(metrics)
+            if logger is not None:
+                logger.flush()
+    bar.close()
+    ctx.sink.save(step, parts, checkpoint_state(parts, step, elapsed_s, loss), {"loss": loss}, final=True)
+    loop_seconds = time.perf_counter() - loop_start
+    mean_tokens_per_s = total_tokens / loop_seconds if loop_seconds > 0 and total_tokens else tokens_per_s
+    return TrainOutcome(loss, step, mean_tokens_per_s, parts.data)
+
+
+def cleanup(logger: StepMetricsLogger | None) -> None:
+    if logger is not None:
+        logger.flush()
+
+
+class LocalSink:
+    """Checkpoints in `<output_dir>/checkpoints` (keep last K); the final policy in `<output_dir>/policy`."""
+
+    def __init__(self, cfg: SFTConfig, rank: int):
+        self.root = Path(cfg.output_dir) / "checkpoints"
+        self.policy_dir = Path(cfg.output_dir) / "policy"
+        self.keep_last = cfg.keep_last
+        self.rank = rank
+
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.root)
+
+    def save(self, step: int, parts: TrainParts, state: dict[str, Any], metrics: dict[str, float], final: bool) -> None:
+        if self.rank != 0:
+            return
+        save_checkpoint(self.root, step, parts.model, parts.optimizer, parts.scheduler, state, self.keep_last)
+        if final:
+            save_policy(unwrap_model(parts.model), parts.tokenizer, self.policy_dir)
+
+    def report(self, metrics: dict[str, float]) -> None:
+        """Local runs have no driver to report to; metrics already went to MLflow."""
+
+
+def train_worker(cfg: SFTConfig, ctx: WorkerContext, run_id: str, tracking_uri: str, work_dir: Path) -> TrainOutcome:
+    """setup -> train -> (final checkpoint inside train) -> cleanup, on one worker."""
+    parts = setup(cfg, ctx, work_dir)
+    logger = StepMetricsLogger(tracking_uri, run_id, parts.data) if ctx.rank == 0 else None
+    try:
+        return train(parts, cfg, ctx, logger)
+    finally:
+        cleanup(logger)
+
+
+def run_sft_local(cfg: SFTConfig) -> SFTResult:
+    """The whole SFT job in this process (one worker, no Ray): one MLflow run, final policy registered."""
+    ctx = WorkerContext(rank=0, world_size=1, device=torch.device("cpu"), prepare_model=lambda m: m, sink=LocalSink(cfg, 0))
+    if cfg.use_gpu and torch.cuda.is_available():
+        ctx.device = torch.device("cuda")
+    work_dir = Path(cfg.output_dir) / "data"
+    with start_sft_run(cfg, work_dir) as (run_id, tracking_uri):
+        outcome = train_worker(cfg, ctx, run_id, tracking_uri, work_dir)
+        policy_dir = Path(cfg.output_dir) / "policy"
+        version = finish_sft_run(cfg, run_id, policy_dir, outcome)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return SFTResult(policy_dir, run_id, version, outcome.final_loss, outcome.steps, outcome.tokens_per_s, outcome.data)
