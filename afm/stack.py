@@ -82,6 +82,8 @@ def client_env(cfg: StackConfig) -> dict[str, str]:
         "PREFECT_API_URL": f"{_url(cfg, cfg.prefect_port)}/api",
         "RAY_ADDRESS": f"{cfg.host}:{cfg.ray_port}",
         **_ray_auth_env(cfg),
+        # Flows default their artifact store to this (tasks/stages.py), so datasets/checkpoints land in S3 too.
+        "AFM_STORE_URI": f"s3://{cfg.bucket}/artifacts",
     }
 
 

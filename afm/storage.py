@@ -203,7 +203,7 @@ class LocalStore(ArtifactStore):
         """All keys starting with `prefix` (string prefix, like S3), sorted; temp files are skipped."""
         keys = []
         for path in self.root.rglob("*"):
-            if path.is_file() and not path.name.endswith(".tmp"):
+            if path.is_file() and not (path.name.startswith(".") and path.name.endswith(".tmp")):
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)

@@ -56,7 +56,7 @@ SECRET_VALUE_PATTERNS = [
 ]
 # Environment values shorter than this are too likely to occur by chance in ordinary params.
 _MIN_ENV_SECRET_LENGTH = 8
-LOCAL_REGISTRY_EXPERIMENT = "model-registry"
+REGISTRY_EXPERIMENT = "model-registry"
 
 
 def configure_tracking() -> str:
@@ -173,13 +173,14 @@ def register_model(model_dir: Path, name: str, tags: dict[str, Any]) -> str:
 
     Uses the active run when there is one, else a run in the `model-registry` experiment. The directory is
     logged as plain files (not an MLflow flavor) so any checkpoint dir, tiny or real, round-trips unchanged.
+    Register at most one model per run: a second call in the same run would overwrite the `model` artifact.
     """
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"register_model: {model_dir} has no config.json; pass a saved HF model directory")
     configure_tracking()
     if mlflow.active_run() is None:
-        with start_run(LOCAL_REGISTRY_EXPERIMENT, f"register-{name}", params={"model_dir": str(model_dir)}):
+        with start_run(REGISTRY_EXPERIMENT, f"register-{name}", params={"model_dir": str(model_dir)}):
             return register_model(model_dir, name, tags)
     mlflow.log_artifacts(str(model_dir), artifact_path="model")
     run = mlflow.active_run()

@@ -1,1 +1,6 @@
-"""Distillation: Ray rollout pool over the teacher MAS, MAS log -> CoA conversion, progressive filtering."""
+"""Distillation: Ray rollout pool over the teacher MAS, MAS log -> CoA conversion, progressive filtering.
+
+Modules: `pipeline` (distill_dataset, DistillConfig: the whole stage), `rollouts` (Ray actor pool, RolloutConfig),
+`rollout_work` (what one actor does, no Ray), `shards` (atomic JSONL shards, resume), `conversion`
+(mas_log_to_trajectory), `filters` (progressive filters, run_filters), `rl_problems` (hard-problem selection).
+"""

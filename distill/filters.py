@@ -1,7 +1,8 @@
 """Progressive quality filtering of converted trajectories (the paper's recipe), each stage a pure function.
 
 Stages, in order (`run_filters`):
-1. complexity  - drop trajectories with fewer than `min_interactions` model-written segments (paper: 5).
+1. complexity  - drop trajectories with fewer than `min_interactions` or more than `max_interactions`
+                 model-written segments (paper: 5-20).
 2. quality     - keep answers that are verified: the MAS verified it, it matches the problem's answers
                  (normalized / numeric match, `|`-separated parts), and for code families the answer is printed by
                  a successful code run in the trajectory (an execution check on the recorded observation).
@@ -36,6 +37,7 @@ class FilterConfig(Config):
     """Thresholds of the progressive filter."""
 
     min_interactions: int = Field(5, ge=0, description="Complexity: drop trajectories with fewer model segments")
+    max_interactions: int = Field(20, ge=1, description="Complexity: drop longer ones (the paper's set: 5-20 steps)")
     require_mas_verified: bool = Field(True, description="Quality: also require the MAS's own verification")
     plain_keep_fraction: float = Field(0.7, ge=0.0, le=1.0,
                                        description="Reflection: share of non-reflective trajectories kept")
@@ -54,6 +56,8 @@ def filter_complexity(items: list[Trajectory], cfg: FilterConfig) -> FilterResul
     for t in items:
         if t.interactions < cfg.min_interactions:
             dropped[f"fewer_than_{cfg.min_interactions}_interactions"] += 1
+        elif t.interactions > cfg.max_interactions:
+            dropped[f"more_than_{cfg.max_interactions}_interactions"] += 1
         else:
             kept.append(t)
     return FilterResult(kept, dropped, "complexity")

@@ -24,11 +24,11 @@ from pydantic import Field
 from afm.config import Config, load_config
 from agents.teacher.mas import TeacherConfig
 from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
-from agents.teacher.backends import OpenAIChatBackend
 from agents.tools.toolbox import ToolboxConfig
 from distill.conversion import convert_logs
 from distill.filters import FilterConfig, run_filters
 from distill.rl_problems import RLSelectionConfig, select_rl_problems
+from distill.rollout_work import build_llm_backend
 from distill.rollouts import RolloutConfig, run_rollouts
 from distill.shards import iter_logs
 from models.format import write_jsonl
@@ -44,9 +44,9 @@ class DistillConfig(Config):
     world: WorldConfig = Field(default_factory=WorldConfig, description="Size of each generated world")
     n_worlds: int = Field(24, ge=1, description="Train worlds (names never repeat across worlds)")
     world_seed: int = Field(0, description="Seed of the first world; the others follow")
-    multihop_per_world: int = Field(60, ge=0, description="SFT multi-hop problems per world")
+    multihop_per_world: int = Field(64, ge=0, description="SFT multi-hop problems per world")
     hops: tuple[int, int] = Field((1, 3), description="Hop range of multi-hop problems (lo, hi)")
-    n_computation: int = Field(360, ge=0, description="SFT computation problems")
+    n_computation: int = Field(384, ge=0, description="SFT computation problems")
     rl_multihop_per_world: int = Field(10, ge=0, description="RL candidate multi-hop problems per world")
     rl_computation: int = Field(60, ge=0, description="RL candidate computation problems")
     teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="Teacher MAS and backend")
@@ -108,8 +108,7 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
     if cfg.teacher.backend == "oracle":
         baseline = ScriptedOracleBackend(OracleKnowledge(rl_candidates), 0.0, 0.0, cfg.teacher.seed)
     else:
-        t = cfg.teacher
-        baseline = OpenAIChatBackend(t.endpoint, t.model, t.api_key_env, t.temperature, t.max_tokens)
+        baseline = build_llm_backend(cfg.teacher)
     rl_kept, rl_stats = select_rl_problems(rl_candidates, baseline, cfg.rl_selection)
     rl_path = out_dir / "rl_problems.jsonl"
     write_problems(rl_path, rl_kept)

@@ -13,11 +13,27 @@ from __future__ import annotations
 import traceback
 import zlib
 
-from agents.teacher.backends import LLMBackend, OpenAIChatBackend
+from agents.teacher.backends import LLMBackend, LocalEngineBackend, OpenAIChatBackend
 from agents.teacher.mas import TeacherConfig, run_mas
 from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
 from problems.records import Problem
+
+
+def build_llm_backend(cfg: TeacherConfig) -> LLMBackend:
+    """The model-backed teacher (`openai` or `local`); the oracle is built per rollout instead."""
+    if cfg.backend == "openai":
+        return OpenAIChatBackend(cfg.endpoint, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens)
+    if cfg.backend == "local":
+        if not cfg.model_path:
+            raise ValueError("TeacherConfig: field 'model_path' is required for backend 'local'")
+        from models.engines.hf import HFEngine
+        from models.policy import load_policy
+
+        model, tokenizer = load_policy(cfg.model_path)
+        return LocalEngineBackend(HFEngine(model, tokenizer), tokenizer, cfg.max_tokens, cfg.temperature,
+                                  name=f"local:{cfg.model_path}")
+    raise ValueError(f"TeacherConfig: backend {cfg.backend!r} is not model-backed")
 
 
 def rollout_seed(base_seed: int, problem_id: str, sample_idx: int) -> int:
@@ -33,10 +49,7 @@ class RolloutWorker:
         self.max_retries = max_retries
         # The oracle is rebuilt per rollout (cheap: it shares this index) so that each one has its own seed.
         self.knowledge = OracleKnowledge(problems) if teacher_cfg.backend == "oracle" else None
-        self.shared_backend: LLMBackend | None = None
-        if teacher_cfg.backend == "openai":
-            t = teacher_cfg
-            self.shared_backend = OpenAIChatBackend(t.endpoint, t.model, t.api_key_env, t.temperature, t.max_tokens)
+        self.shared_backend = build_llm_backend(teacher_cfg) if self.knowledge is None else None
 
     def backend_for(self, seed: int) -> LLMBackend:
         if self.knowledge is not None:

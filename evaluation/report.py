@@ -163,7 +163,8 @@ def tts_curves(records: Sequence[EvalRecord], max_k: int) -> dict[str, dict[str,
     for model in dict.fromkeys(r.model for r in records):
         recs = [r for r in records if r.model == model]
         ks = list(range(1, min(max_k, min(o.n for o in group_by_problem(recs))) + 1))
-        curves[model] = {"pass@k": pass_at_k_curve(recs, ks), "majority@k": majority_at_k_curve(recs, ks, normalize_answer)}
+        curves[model] = {"pass@k": pass_at_k_curve(recs, ks),
+                         "majority@k": majority_at_k_curve(recs, ks, normalize_answer)}
     return curves
 
 

@@ -95,7 +95,8 @@ class EvalConfig(Config):
     max_new_tokens: int = Field(128, ge=1, description="Tokens one turn may generate.")
     token_budget: int = Field(768, ge=1, description="Response tokens per episode (generated + observations).")
     system_prompt: str | None = Field(None, description="System prompt; must be the one the models were trained with.")
-    problems_per_batch: int = Field(8, ge=1, description="Problems whose episodes are generated together (memory vs speed).")
+    problems_per_batch: int = Field(8, ge=1, description="Problems whose episodes are generated together "
+                                                          "(memory vs speed).")
     toolbox: ToolboxConfig = Field(default_factory=ToolboxConfig, description="Tools models and teacher may call.")
     judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for QA answers.")
     judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
@@ -181,7 +182,13 @@ def build_teacher_backend(cfg: TeacherConfig, problems: list[Problem], seed: int
 
 def evaluate_teacher(problem_sets: dict[str, list[Problem]], cfg: EvalConfig, toolbox, judge: Judge,
                      limits: SandboxLimits) -> list[EvalRecord]:
-    """The teacher MAS, n_samples runs per problem; its tokens count every agent's prompts and completions."""
+    """The teacher MAS, n_samples runs per problem; its tokens count every agent's prompts and completions.
+    The scripted oracle only knows generated problems (with a metadata 'solution'); with it, other problems
+    (HumanEval, user datasets) get no teacher rows and are left out of the efficiency comparison."""
+    if cfg.teacher.backend == "oracle":
+        problem_sets = {label: [p for p in problems if "solution" in p.metadata]
+                        for label, problems in problem_sets.items()}
+        problem_sets = {label: problems for label, problems in problem_sets.items() if problems}
     records: list[EvalRecord] = []
     total = sum(len(ps) for ps in problem_sets.values()) * cfg.n_samples
     with tqdm(total=total, desc="eval teacher", unit="run") as bar:

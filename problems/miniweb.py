@@ -15,6 +15,7 @@ import argparse
 import html
 import json
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -117,3 +118,15 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@contextmanager
+def serve_corpus(toolbox_cfg, corpus_path: str | Path):
+    """Start a mini-web over `corpus_path` and yield `toolbox_cfg` pointed at it (search index = the corpus,
+    `miniweb.local` resolved to the server's port). Used wherever tools run outside distillation (RL, eval,
+    serving)."""
+    with MiniWeb(corpus_pages(corpus_path)) as web:
+        yield toolbox_cfg.model_copy(update={
+            "corpus_path": Path(corpus_path),
+            "crawl_resolve": {**toolbox_cfg.crawl_resolve, "miniweb.local": web.address},
+        })

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import botocore.exceptions
 from pydantic import BaseModel
+
+from afm.paths import afm_home
+from afm.storage import open_store
 
 # Errors worth a retry: the network or a server hiccuped. Anything else (bad config, a bug) fails at once.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -56,3 +61,29 @@ def stage_artifact(stage: str, key: str) -> str:
 def completed_stage(store, stage: str, key: str) -> dict | None:
     """The manifest of a completed run of this stage with this key, or None."""
     return store.read_manifest(stage_artifact(stage, key))
+
+
+def directory_files(root: Path) -> dict[str, Path]:
+    """Every file under `root` as {relative posix name: path}, for `write_artifact` of a model directory."""
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def default_store_uri() -> str:
+    """The artifact store: `AFM_STORE_URI` (e.g. s3://afm/artifacts on the local stack) or <AFM_HOME>/artifacts."""
+    return os.environ.get("AFM_STORE_URI") or str(afm_home() / "artifacts")
+
+
+def run_stage(
+    stage: str, key: str, store_uri: str, produce: Callable[[Path], tuple[dict[str, Path], dict]], kind: str
+) -> dict:
+    """Run `produce(work_dir) -> (files, extra)` unless this stage+key already has a manifest in the store;
+    upload the files (manifest last) and return the manifest with `cached` telling which happened."""
+    store = open_store(store_uri or default_store_uri())
+    done = completed_stage(store, stage, key)
+    if done is not None:
+        return {**done, "cached": True}
+    work_dir = afm_home() / "work" / f"{stage}-{key}"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    files, extra = produce(work_dir)
+    manifest = store.write_artifact(stage_artifact(stage, key), files, kind=kind, extra=extra)
+    return {**manifest, "cached": False}

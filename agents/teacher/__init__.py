@@ -1,1 +1,6 @@
-"""agents/teacher package."""
+"""The teacher multi-agent system whose logs are distilled into Chain-of-Agents trajectories.
+
+Modules: `mas` (TeacherConfig, run_mas: the coordinator loop), `agents` (role and tool agents, message protocol),
+`backends` (LLMBackend interface, OpenAIChatBackend, LocalEngineBackend, token estimate), `oracle`
+(ScriptedOracleBackend for generated families), `log` (MASLog JSONL), `answers` (answer normalization).
+"""

@@ -90,5 +90,5 @@ class LocalEngineBackend:
         prompt_ids = list(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                               return_dict=False))
         gen = self._engine.generate([prompt_ids], max_new_tokens=self._max_new_tokens,
-                                    temperature=self._temperature, stop=stop)[0]
+                                    temperature=self._temperature, stop=tuple(stop or ()))[0]
         return Completion(gen.text, len(prompt_ids), len(gen.token_ids))

@@ -38,9 +38,10 @@ class TeacherConfig(Config):
     max_steps: int = Field(40, ge=3, description="Agent-call budget per problem, checked before each coordinator "
                                                  "turn (one turn makes at most 3 calls, so a run may end 2 over)")
     observation_chars: int = Field(400, ge=20, description="Observation characters shown to agents in the state")
-    backend: Literal["oracle", "openai"] = Field(
+    backend: Literal["oracle", "openai", "local"] = Field(
         "oracle", description="oracle: scripted solver for generated families (offline); openai: any "
-                              "OpenAI-compatible endpoint (vLLM, Ray Serve, a hosted API)")
+                              "OpenAI-compatible endpoint (vLLM, Ray Serve, a hosted API); local: the model at "
+                              "model_path through models.engines.HFEngine")
     mistake_rate: float = Field(0.35, ge=0.0, le=1.0,
                                 description="Oracle: probability that a rollout contains one realistic mistake")
     reflection_rate: float = Field(0.3, ge=0.0, le=1.0,
@@ -48,9 +49,10 @@ class TeacherConfig(Config):
                                                "looked fine (after a bad one it always reflects)")
     endpoint: str = Field("http://127.0.0.1:8000/v1", description="openai: base URL of the chat endpoint")
     model: str = Field("teacher", description="openai: model name sent to the endpoint")
+    model_path: str = Field("", description="local: save_pretrained directory or s3:// artifact of the model")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: env var holding the API key ('EMPTY' if unset)")
-    temperature: float = Field(0.7, ge=0.0, description="openai: sampling temperature")
-    max_tokens: int = Field(512, ge=8, description="openai: completion token cap per agent call")
+    temperature: float = Field(0.7, ge=0.0, description="openai/local: sampling temperature")
+    max_tokens: int = Field(512, ge=8, description="openai/local: completion token cap per agent call")
     seed: int = Field(0, description="Base seed; each (problem, sample) derives its own")
 
 

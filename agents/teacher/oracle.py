@@ -114,11 +114,15 @@ class ScriptedOracleBackend:
     # ------------------------------------------------------------------ the interface
     def complete(self, agent: str, messages: list[dict[str, str]], stop: list[str] | None) -> Completion:
         problem = self.knowledge.lookup(messages)
+        replies = {"thinking": self._thinking, "planning": self._planning, "reflection": self._reflection,
+                   "verification": self._verification, "search": self._search, "crawl": self._crawl,
+                   "code": self._code}
         if agent == "direct":
             text = _direct_answer(problem.question)
+        elif agent in replies:
+            text = replies[agent](problem, messages)
         else:
-            reply = getattr(self, f"_{agent}")
-            text = reply(problem, messages)
+            raise ValueError(f"ScriptedOracleBackend: unknown agent {agent!r}; it plays {sorted(replies)} and 'direct'")
         return Completion(text, estimate_message_tokens(messages), estimate_tokens(text))
 
     # ------------------------------------------------------------------ state reading
@@ -193,7 +197,8 @@ class ScriptedOracleBackend:
             return f"Check the result of {b.pending_miss}.\nNEXT: reflection"
         if (b.last_line == "observation" and not b.reflected_since_call
                 and self._rng(problem, messages, "reflect").random() < self.reflection_rate):
-            return "Check the last result.\nNEXT: reflection"
+            # routing only, no thought: the student learns to open <reflection> right after an observation
+            return "NEXT: reflection"
         if b.pos < len(steps):
             step = steps[b.pos]
             before = steps[b.pos - 1]["finding"] + " " if b.pos > 0 else ""
@@ -253,7 +258,8 @@ class ScriptedOracleBackend:
 
     # ------------------------------------------------------------------ tool agents
     def _own_intents(self, messages: list[dict[str, str]]) -> list[str]:
-        return [m.group(1) for msg in messages if msg["role"] == "user" for m in [_INTENT_RE.search(msg["content"])] if m]
+        found = (_INTENT_RE.search(m["content"]) for m in messages if m["role"] == "user")
+        return [f.group(1) for f in found if f]
 
     def _search(self, problem: Problem, messages: list[dict[str, str]]) -> str:
         intents = self._own_intents(messages)

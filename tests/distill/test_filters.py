@@ -27,6 +27,11 @@ def test_complexity_drops_short_ones():
     assert [t.id for t in r.kept] == ["b"] and r.dropped_reasons == {"fewer_than_5_interactions": 1}
 
 
+def test_complexity_drops_long_ones():
+    r = filter_complexity([traj("long", extra_thinks=20), traj("ok")], FilterConfig(max_interactions=20))
+    assert [t.id for t in r.kept] == ["ok"] and r.dropped_reasons == {"more_than_20_interactions": 1}
+
+
 def test_quality_checks_reference_mas_verification_and_code_output():
     items = [traj("ok"), traj("wrong", answer="Zuzu"), traj("unverified", verified=False), traj("nop", pid="zz"),
              traj("code_ok", answer="4", pid="c1", family="computation", observation="[RESULT:SUCCESS]\n4\n"),

@@ -34,7 +34,8 @@ def test_reduction_pct_matches_paper_style_claim():
 
 
 def test_no_commonly_solved_problem_reports_no_reduction():
-    cmp = compare_efficiency([make_record("rl", "p1", False, tokens=10)], [make_record("teacher", "p1", True, tokens=99)])
+    cmp = compare_efficiency([make_record("rl", "p1", False, tokens=10)],
+                             [make_record("teacher", "p1", True, tokens=99)])
     row = cmp.to_row()
     assert row["common_solved"] == 0 and row["token_reduction_pct"] is None and row["tokens_per_solved"] is None
 

@@ -2,6 +2,8 @@
 plots, MLflow run, and the promotion gate against a real sqlite registry (same weights twice -> tie)."""
 from __future__ import annotations
 
+import json
+
 import mlflow
 import pytest
 import torch
@@ -12,8 +14,11 @@ from evaluation.promotion import CHALLENGER, CHAMPION
 from evaluation.records import read_records
 from evaluation.report import format_summary_table
 from evaluation.runner import EvalConfig, GateConfig, ProblemSetConfig, evaluate
+from evaluation.unseen_tools import evaluate_unseen_tool
 from models.tiny import TinyModelConfig, create_default_policy
 from problems.computation import computation_problems
+from problems.records import write_problems
+from problems.world import WorldConfig, generate_world, multihop_problems, world_corpus
 
 
 @pytest.fixture(scope="module")
@@ -24,32 +29,50 @@ def tiny_policy(tmp_path_factory):
     return create_default_policy(tmp_path_factory.mktemp("policy"), texts, cfg, vocab_size=400)
 
 
-def eval_config(tmp_path, models, gate=None, include_teacher=True):
+def eval_config(tmp_path, models, gate=None, include_teacher=True, extra_sets=None, toolbox=None,
+                experiment="eval-gate"):
     return EvalConfig(
-        models=models, include_teacher=include_teacher, gate=gate,
-        problem_sets={"computation": ProblemSetConfig(source="computation", size=2)},
+        models=models, include_teacher=include_teacher, gate=gate, mlflow_experiment=experiment,
+        problem_sets={"computation": ProblemSetConfig(source="computation", size=2), **(extra_sets or {})},
         n_samples=2, ks=[1, 2], max_turns=2, max_new_tokens=8, token_budget=48,
-        toolbox=ToolboxConfig(tools=["code"], code_timeout_s=10), output_dir=str(tmp_path / "eval"),
+        toolbox=toolbox or ToolboxConfig(tools=["code"], code_timeout_s=10), output_dir=str(tmp_path / "eval"),
     )
 
 
-@pytest.mark.slow
+def heldout_multihop_files(tmp_path):
+    """A held-out-entity world: its problems as a Problem JSONL and its search corpus."""
+    world = generate_world(WorldConfig(), seed=5, split="heldout")
+    problems_path, corpus_path = tmp_path / "multihop.jsonl", tmp_path / "corpus.jsonl"
+    write_problems(problems_path, multihop_problems(world, n=2, hops=(1, 2), split="heldout"))
+    corpus_path.write_text("".join(json.dumps(doc) + "\n" for doc in world_corpus([world])))
+    return problems_path, corpus_path
+
+
 def test_evaluate_teacher_and_model(tmp_path, tiny_policy, local_registry):
-    result = evaluate(eval_config(tmp_path, {"untrained": str(tiny_policy)}))
+    problems_path, corpus_path = heldout_multihop_files(tmp_path)
+    sets = {"multihop": ProblemSetConfig(source=str(problems_path), size=2),
+            "humaneval": ProblemSetConfig(source="humaneval", size=1)}
+    toolbox = ToolboxConfig(tools=["web_search", "code"], corpus_path=corpus_path, code_timeout_s=10)
+    result = evaluate(eval_config(tmp_path, {"untrained": str(tiny_policy)}, extra_sets=sets, toolbox=toolbox,
+                                  experiment="eval-e2e"))
     records = read_records(result.per_problem_path)
-    assert len(records) == 2 * 2 * 2                        # (teacher + model) x 2 problems x 2 samples
+    # teacher: 2 computation + 2 multihop problems (the oracle cannot do HumanEval); model: all 5; 2 samples each
+    assert len(records) == (4 + 5) * 2
     teacher = [r for r in records if r.model == "teacher"]
+    assert {r.problem_set for r in teacher} == {"computation", "multihop"}
     assert all(r.tokens > 0 for r in teacher) and {r.sample for r in teacher} == {0, 1}
-    assert [r["model"] for r in result.summary_rows] == ["teacher", "untrained"]
+    assert any(r.correct for r in teacher if r.problem_set == "multihop")
+    assert [(r["model"], r["set"]) for r in result.summary_rows] == [
+        ("teacher", "computation"), ("teacher", "multihop"),
+        ("untrained", "computation"), ("untrained", "multihop"), ("untrained", "humaneval")]
     assert result.efficiency_rows[0]["model"] == "untrained"
     assert all(p.exists() for p in result.plots) and len(result.plots) == 3
     assert "untrained" in format_summary_table(result.summary_rows, result.efficiency_rows)
-    run = mlflow.search_runs(experiment_names=["eval"], output_format="list")[0]
+    (run,) = mlflow.search_runs(experiment_names=["eval-e2e"], output_format="list")
     assert "teacher.computation.pass_at_2" in run.data.metrics
     assert run.data.metrics["teacher.computation.accuracy"] == result.summary_rows[0]["accuracy"]
 
 
-@pytest.mark.slow
 def test_gate_promotes_first_then_tie_is_challenger(tmp_path, tiny_policy, local_registry):
     v1 = tracking.register_model(tiny_policy, "afm-gate", tags={})
     first = evaluate(eval_config(tmp_path / "a", {"cand": f"models:/afm-gate/{v1}"}, include_teacher=False,
@@ -66,3 +89,15 @@ def test_gate_promotes_first_then_tie_is_challenger(tmp_path, tiny_policy, local
     again = evaluate(eval_config(tmp_path / "c", {"cand": "afm-gate@champion"}, include_teacher=False,
                                  gate=GateConfig(candidate="cand", problem_set="computation", margin=0.0)))
     assert again.promotion.alias == CHAMPION and again.promotion.reason == "is the current champion"
+
+
+def test_unseen_tool_evaluation_end_to_end(tmp_path, tiny_policy, local_registry):
+    cfg = eval_config(tmp_path, {"untrained": str(tiny_policy)}, include_teacher=False, experiment="eval-unseen")
+    rows = evaluate_unseen_tool(cfg)
+    assert [(r["model"], r["set"], r["episodes"]) for r in rows] == [("untrained", "computation", 4)]
+    # An untrained model never calls the calculator: the rates are measured, and they are zero.
+    assert rows[0]["first_try_format_ok"] == 0.0 and rows[0]["calculator_use_rate"] == 0.0
+    assert len(read_records(tmp_path / "eval" / "unseen_tool.jsonl")) == 4
+    (run,) = mlflow.search_runs(experiment_names=["eval-unseen"], output_format="list")
+    assert run.data.params["tool"] == "calculator"
+    assert "untrained.computation.unseen_tool.first_try_format_ok" in run.data.metrics

@@ -20,7 +20,8 @@ def test_calculator_runs_in_sandbox_through_wrapped_code_tool(tmp_path):
     refused = toolbox.call("code", code_arg('print(calculator("__import__(\'os\').getcwd()"))'))
     assert refused.status == "error" and "calculator: only numbers" in refused.text
     # Without the wrapper the function does not exist: the tool really is unseen outside this evaluation.
-    plain = build_toolbox(ToolboxConfig(tools=["code"], code_timeout_s=10)).call("code", code_arg('print(calculator("1"))'))
+    plain_toolbox = build_toolbox(ToolboxConfig(tools=["code"], code_timeout_s=10))
+    plain = plain_toolbox.call("code", code_arg('print(calculator("1"))'))
     assert plain.status == "error" and "NameError" in plain.text
 
 

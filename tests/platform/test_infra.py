@@ -51,7 +51,7 @@ def test_kuberay_manifests(name, kind):
 def test_configmap_names_service_endpoints():
     doc = _load("k8s/platform-env.yaml")
     assert doc["kind"] == "ConfigMap"
-    assert {"MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "PREFECT_API_URL"} <= set(doc["data"])
+    assert {"MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "PREFECT_API_URL", "AFM_STORE_URI"} <= set(doc["data"])
     for name in ("raycluster.yaml", "rayjob.yaml"):
         assert "configMapRef: {name: " + doc["metadata"]["name"] + "}" in (INFRA / "k8s" / name).read_text()
 

@@ -20,10 +20,13 @@ from afm.stack import StackConfig, StackError, stack_down, stack_status, stack_u
 from tests.platform.conftest import free_port
 
 FLOW_SCRIPT = textwrap.dedent('''
+    import os
+
     import ray
     from prefect import flow, task
 
     from afm import tracking
+    from afm.storage import open_store
 
     @task
     def square_on_ray(x: int) -> int:
@@ -38,6 +41,7 @@ FLOW_SCRIPT = textwrap.dedent('''
         with tracking.start_run("stack-smoke", "smoke", params={"x": 3}) as run:
             tracking.log_metrics({"square": square_on_ray(3)}, step=0)
             tracking.log_table_rows([{"ok": True}], "rows.json")
+            open_store(os.environ["AFM_STORE_URI"]).put_bytes("smoke/ok.txt", b"ok")
             return run.info.run_id
 
     if __name__ == "__main__":
@@ -77,6 +81,7 @@ def test_stack_up_flow_down(stack_cfg):
     assert all(s["running"] and s["healthy"] for s in stack_status(stack_cfg).values())
     env_sh = (stack_cfg.state_dir / "env.sh").read_text()
     assert f"export MLFLOW_TRACKING_URI={env['MLFLOW_TRACKING_URI']}" in env_sh
+    assert env["AFM_STORE_URI"] == f"s3://{stack_cfg.bucket}/artifacts"
 
     script = stack_cfg.state_dir / "smoke_flow.py"
     script.write_text(FLOW_SCRIPT)
@@ -90,6 +95,7 @@ def test_stack_up_flow_down(stack_cfg):
                       aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
     keys = [obj["Key"] for obj in s3.list_objects_v2(Bucket=stack_cfg.bucket, Prefix="mlflow/")["Contents"]]
     assert any(key.endswith(f"{run_id}/artifacts/rows.json") for key in keys), keys
+    assert s3.get_object(Bucket=stack_cfg.bucket, Key="artifacts/smoke/ok.txt")["Body"].read() == b"ok"
 
 
     request = urllib.request.Request(f"{env['PREFECT_API_URL']}/flow_runs/filter", data=b"{}", method="POST",

@@ -22,12 +22,12 @@ def afm_home(tmp_path, monkeypatch):
     return tmp_path / "afm_home"
 
 
-def rl_config(policy, problems, out, steps, **extra) -> RLConfig:
+def rl_config(policy, problems, out, steps, tool_cache=None) -> RLConfig:
     return RLConfig(
         policy=str(policy), problems_path=str(problems), output_dir=str(out), steps=steps, prompts_per_step=3,
         rollout=RolloutConfig(group_size=4, max_turns=3, max_new_tokens=40, token_budget=200),
-        toolbox=ToolboxConfig(tools=["code"], code_timeout_s=5), lr=1e-3, checkpoint_every=1, seed=3,
-        mlflow_experiment="rl-test", registered_model_name="afm-rl-test", **extra,
+        toolbox=ToolboxConfig(tools=["code"], code_timeout_s=5, cache_dir=tool_cache), lr=1e-3, checkpoint_every=1, seed=2,
+        mlflow_experiment="rl-test", registered_model_name="afm-rl-test",
     )
 
 
@@ -57,10 +57,13 @@ def test_one_rl_step_changes_weights_and_logs_to_mlflow(afm_home, tmp_path, sft_
 
 
 def test_resume_gives_the_same_weights_as_straight_training(afm_home, tmp_path, sft_policy_dir, addition_problems_path):
-    straight = train_rl(rl_config(sft_policy_dir, addition_problems_path, tmp_path / "straight", steps=2))
-    first = train_rl(rl_config(sft_policy_dir, addition_problems_path, tmp_path / "resumed", steps=1))
+    # A shared tool cache: tracebacks from the sandbox name a random temp dir, so without it a tool
+    # observation (and hence the rollout) could differ between the two runs for reasons outside the trainer.
+    cache = tmp_path / "tool-cache"
+    straight = train_rl(rl_config(sft_policy_dir, addition_problems_path, tmp_path / "straight", 2, cache))
+    first = train_rl(rl_config(sft_policy_dir, addition_problems_path, tmp_path / "resumed", 1, cache))
     assert (tmp_path / "resumed" / "checkpoints" / "step-00000001").is_dir()
-    resumed = train_rl(rl_config(sft_policy_dir, addition_problems_path, tmp_path / "resumed", steps=2))
+    resumed = train_rl(rl_config(sft_policy_dir, addition_problems_path, tmp_path / "resumed", 2, cache))
     assert [h["step"] for h in resumed.history] == [0, 1]
     assert resumed.history[1]["reward_mean"] == straight.history[1]["reward_mean"]
     assert sum(h["groups_kept"] for h in straight.history) >= 1

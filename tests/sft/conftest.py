@@ -4,18 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pathlib import Path
-
-from transformers import AutoTokenizer
-
-from models.format import write_jsonl
+from models.format import render_segments, write_jsonl
 from models.tiny import TinyModelConfig, build_tiny_model
 from models.policy import save_policy
+from models.tokenizer import train_tokenizer
 from training.sft_trainer import SFTConfig
 from training.synthetic_coa import synthetic_trajectories
 
 torch.set_num_threads(1)
-FIXTURE_TOKENIZER = Path(__file__).parent / "fixtures" / "tokenizer"
 
 
 @pytest.fixture(scope="session")
@@ -24,10 +20,9 @@ def trajectories():
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    """`train_tokenizer(vocab_size=400)` on `synthetic_trajectories(48)`, saved once: BPE training in
-    tokenizers 0.23 breaks merge ties differently per process, and the pinned loss needs fixed token ids."""
-    return AutoTokenizer.from_pretrained(FIXTURE_TOKENIZER, local_files_only=True)
+def tokenizer(trajectories):
+    texts = [t.question + render_segments(t.segments) for t in trajectories]
+    return train_tokenizer(texts, vocab_size=400)
 
 
 @pytest.fixture(scope="session")

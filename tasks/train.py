@@ -1,0 +1,103 @@
+"""Prefect tasks for the model stages: base policy, SFT, RL. Each caches by artifact manifest: the key hashes
+the stage config and the digests of its inputs, so a re-run with the same inputs skips the stage.
+
+Used by flows/sft.py, flows/rl.py and flows/pipeline.py; the training logic lives in `training/`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pydantic import Field
+from prefect import task
+
+from afm.config import Config
+from afm.storage import open_store
+from models.format import read_jsonl, render_segments
+from models.tiny import TinyModelConfig, create_default_policy
+from problems.miniweb import serve_corpus
+from tasks.stages import default_store_uri, directory_files, retry_on_transient, run_stage, stage_key
+from training.rl_trainer import RLConfig, train_rl
+from training.sft_trainer import SFTConfig, train_sft
+
+
+class BasePolicyConfig(Config):
+    """The policy SFT starts from."""
+
+    base_model: str = Field("", description="A real checkpoint (save_pretrained dir or s3:// URI, e.g. a Qwen "
+                                            "directory); '' builds the tiny default from `tiny`.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Tiny Qwen2 built from config.")
+    vocab_size: int = Field(2048, ge=300, description="BPE vocabulary of the locally trained tokenizer.")
+
+
+def fetch(uri: str, local_dir: Path) -> Path:
+    """Local copy of the artifact at `uri` (`<store>/<name>`), sha256-verified."""
+    root, _, name = uri.rstrip("/").rpartition("/")
+    return open_store(root).fetch_artifact(name, local_dir)
+
+
+def tokenizer_texts(dataset_dir: Path):
+    """What the tiny tokenizer is trained on: every trajectory rendered, its question, and the corpus."""
+    for traj in read_jsonl(dataset_dir / "train.jsonl"):
+        yield traj.question
+        yield render_segments(traj.segments)
+    with open(dataset_dir / "corpus.jsonl", encoding="utf-8") as f:
+        for line in f:
+            doc = json.loads(line)
+            yield doc["title"] + "\n" + doc.get("page_text", doc["text"])
+
+
+@task(name="base-policy", retries=2, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
+def base_policy_task(cfg: BasePolicyConfig, dataset: dict, store_uri: str = "") -> str:
+    """URI of the starting policy: the given checkpoint, or the tiny default built (tokenizer trained on the
+    dataset) and stored as an artifact."""
+    if cfg.base_model:
+        return cfg.base_model
+    key = stage_key("policy", cfg, {"dataset": dataset["digest"]})
+
+    def produce(work_dir: Path):
+        data = fetch(dataset["uri"], work_dir / "dataset")
+        policy = create_default_policy(work_dir / "policy", tokenizer_texts(data), cfg.tiny, cfg.vocab_size)
+        return directory_files(policy), {"stage_key": key, "tiny": cfg.tiny.model_dump()}
+
+    return run_stage("policy", key, store_uri, produce, kind="model")["uri"]
+
+
+def _model_artifact(stage: str, key: str, store_uri: str, train) -> dict:
+    def produce(work_dir: Path):
+        result = train(work_dir)
+        return directory_files(Path(result["policy_dir"])), {"stage_key": key, **result}
+
+    return run_stage(stage, key, store_uri, produce, kind="model")
+
+
+@task(name="sft", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
+def sft_task(cfg: SFTConfig, store_uri: str = "") -> dict:
+    """SFT `cfg.model_path` on `cfg.dataset`; returns the trained policy's artifact manifest."""
+    key = stage_key("sft", cfg)
+
+    def train(work_dir: Path) -> dict:
+        result = train_sft(cfg.model_copy(update={"output_dir": str(work_dir / "run")}))
+        return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,
+                "final_loss": result.final_loss, "steps": result.steps, "tokens_per_s": result.tokens_per_s}
+
+    return _model_artifact("sft", key, store_uri or default_store_uri(), train)
+
+
+@task(name="rl", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
+def rl_task(cfg: RLConfig, dataset: dict, store_uri: str = "") -> dict:
+    """RL from `cfg.policy` on the dataset's RL problems with tools over its corpus (mini-web served here)."""
+    key = stage_key("rl", cfg, {"dataset": dataset["digest"]})
+
+    def train(work_dir: Path) -> dict:
+        data = fetch(dataset["uri"], work_dir / "dataset")
+        with serve_corpus(cfg.toolbox, data / "corpus.jsonl") as toolbox:
+            run_cfg = cfg.model_copy(update={"output_dir": str(work_dir / "run"), "toolbox": toolbox,
+                                             "problems_path": str(data / "rl_problems.jsonl")})
+            result = train_rl(run_cfg)
+        shutil.rmtree(data, ignore_errors=True)
+        return {"policy_dir": str(result.model_dir), "run_id": result.run_id,
+                "model_version": result.model_version, "history": result.history[-1:] if result.history else []}
+
+    return _model_artifact("rl", key, store_uri or default_store_uri(), train)
