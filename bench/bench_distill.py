@@ -58,7 +58,7 @@ def tool_costs(toolbox_cfg: ToolboxConfig, problems) -> dict:
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", type=int, default=240, help="multi-hop rollouts per measurement (+1/6 as many "
+    ap.add_argument("--problems", type=int, default=600, help="multi-hop rollouts per measurement (+1/6 as many "
                                                              "computation ones)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-distill-"))
@@ -72,16 +72,22 @@ def main(argv: list[str]) -> None:
         costs = tool_costs(base_tools, problems)
         emit("tool_call_ms", costs["code_ms"], None, "ms", costs)
         ensure_ray(2)
-        rates = {}
+        rates, steady = {}, {}
         for actors in (1, 2):
             tools = base_tools.model_copy(update={"cache_dir": work / f"cache-{actors}"})
             rc = RolloutConfig(num_actors=actors, show_progress=False)
             res = run_rollouts(problems, TeacherConfig(), tools, rc, work / f"rollouts-{actors}")
             rates[actors] = res.produced / res.seconds
+            # after the first batch: actor start-up (imports, BM25 index) excluded
+            steady[actors] = (res.produced - rc.batch_size) / (res.seconds - res.first_result_seconds)
             emit(f"rollout_traj_per_s_{actors}_actor", rates[actors], None, "traj/s",
-                 {"rollouts": res.produced, "seconds": round(res.seconds, 2)})
+                 {"rollouts": res.produced, "seconds": round(res.seconds, 2),
+                  "first_result_seconds": round(res.first_result_seconds, 2),
+                  "steady_traj_per_s": round(steady[actors], 2)})
+        load = os.getloadavg()[0]
         emit("rollout_scaling_2_vs_1", rates[2] / rates[1], 1.8, "ratio",
-             {"cpus": os.cpu_count(), "note": "2 cores shared with other work; actor start-up included"})
+             {"cpus": os.cpu_count(), "load_avg_1min": round(load, 2), "steady_ratio": round(steady[2] / steady[1], 3),
+              "note": "2 cores shared with other work; value includes actor start-up, steady_ratio does not"})
 
         # filter throughput on one core: real converted logs, replicated with fresh ids
         box = build_toolbox(base_tools.model_copy(update={"cache_dir": work / "cache-2"}))

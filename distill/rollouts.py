@@ -59,6 +59,7 @@ class RolloutResult:
     failed: int  # keys that failed after retries (see failures.jsonl)
     actor_restarts: int
     seconds: float
+    first_result_seconds: float  # until the first batch came back: Ray + actor start-up + one batch
 
 
 @ray.remote
@@ -100,7 +101,7 @@ def run_rollouts(problems: list[Problem], teacher_cfg: TeacherConfig, toolbox_cf
     pending = [k for k in wanted if k not in done]
     skipped = len(wanted) - len(pending)
     if not pending:
-        return RolloutResult(0, skipped, 0, 0, time.perf_counter() - start)
+        return RolloutResult(0, skipped, 0, 0, time.perf_counter() - start, 0.0)
 
     ensure_ray(cfg.ray_num_cpus or math.ceil(cfg.num_actors * cfg.cpus_per_actor))
     problems_ref = ray.put([p.to_dict() for p in problems])
@@ -115,7 +116,11 @@ def run_rollouts(problems: list[Problem], teacher_cfg: TeacherConfig, toolbox_cf
     queue = deque((pending[i:i + cfg.batch_size], 0) for i in range(0, len(pending), cfg.batch_size))
     in_flight: dict = {}  # ref -> (slot, generation, batch, resubmits)
     per_slot = [0] * cfg.num_actors
-    produced = failed = restarts = shard_no = 0
+    produced = failed = restarts = 0
+    # continue this run id's numbering, so a resumed run with the same id never overwrites a shard
+    taken = [int(p.stem.rsplit("-", 1)[1]) for p in out_dir.glob(f"shard-{run_id}-*.jsonl")]
+    shard_no = max(taken) + 1 if taken else 0
+    first_result = 0.0
     failures_path = out_dir / "failures.jsonl"
     bar = tqdm(total=len(pending), desc="teacher rollouts", unit="traj", disable=not cfg.show_progress)
     try:
@@ -143,6 +148,7 @@ def run_rollouts(problems: list[Problem], teacher_cfg: TeacherConfig, toolbox_cf
                                        "see the Ray logs for why actors die (memory?)") from None
                 queue.appendleft((batch, resubmits + 1))
                 continue
+            first_result = first_result or time.perf_counter() - start
             fresh, errors = [], []
             for r in results:
                 key = (r["key"][0], int(r["key"][1]))
@@ -167,4 +173,4 @@ def run_rollouts(problems: list[Problem], teacher_cfg: TeacherConfig, toolbox_cf
         bar.close()
         for actor in actors:
             ray.kill(actor, no_restart=True)
-    return RolloutResult(produced, skipped, failed, restarts, time.perf_counter() - start)
+    return RolloutResult(produced, skipped, failed, restarts, time.perf_counter() - start, first_result)

@@ -98,3 +98,10 @@ def mas_log_to_record(log: MASLog, problem: Problem, problem_set: str, judge: Ju
     return _record(model, problem_set, problem, prediction, verdict, steps=len(log.events),
                    tokens=log.prompt_tokens + log.completion_tokens, tool_calls=log.tool_calls,
                    status="answered" if prediction.strip() else "no_answer", sample=log.sample_idx)
+
+
+def failed_run_record(model: str, problem_set: str, problem: Problem, sample: int, error: str) -> EvalRecord:
+    """A run that crashed (after retries) still counts: unanswered, with the error's tail as the rationale."""
+    verdict = JudgeResult(False, f"run failed: {error.strip()[-300:]}")
+    return _record(model, problem_set, problem, "", verdict, steps=0, tokens=0, tool_calls=0, status="no_answer",
+                   sample=sample)

@@ -13,7 +13,7 @@ tags=lineage_tags(...))`):
 `lineage` walks `afm.parent_model` through registered versions until it reaches an unregistered base.
 
 Usage:
-    chain = lineage("models:/afm-tiny@champion")   # [{"kind": "model_version", "stage": "rl", ...}, ..., {"kind": "base"}]
+    chain = lineage("models:/afm-tiny@champion")  # newest first: rl version, sft version, base
     print(format_lineage(chain))
 """
 from __future__ import annotations

@@ -39,18 +39,22 @@ def table_columns(rows: Sequence[dict]) -> tuple[str, ...]:
     return LEAD_COLUMNS + tuple(ks) + TAIL_COLUMNS
 
 
-def _by_model_and_set(records: Sequence[EvalRecord]) -> dict[tuple[str, str], list[EvalRecord]]:
+def _by_set_and_model(records: Sequence[EvalRecord]) -> dict[tuple[str, str], list[EvalRecord]]:
+    """{(set, model): records}, sets in first-seen order and, within a set, models in first-seen order, so a
+    table lists every model of one set next to each other."""
     groups: dict[tuple[str, str], list[EvalRecord]] = {}
     for rec in records:
-        groups.setdefault((rec.model, rec.problem_set), []).append(rec)
-    return groups
+        groups.setdefault((rec.problem_set, rec.model), []).append(rec)
+    sets = list(dict.fromkeys(r.problem_set for r in records))
+    models = list(dict.fromkeys(r.model for r in records))
+    return {(s, m): groups[(s, m)] for s in sets for m in models if (s, m) in groups}
 
 
 def summary_rows(records: Sequence[EvalRecord], ks: Sequence[int]) -> list[dict]:
-    """One row per (model, problem set), in first-seen order. pass@k is given for every k <= samples per
+    """One row per (problem set, model), grouped by set. pass@k is given for every k <= samples per
     problem (None above it: it cannot be estimated without bias)."""
     rows = []
-    for (model, pset), recs in _by_model_and_set(records).items():
+    for (pset, model), recs in _by_set_and_model(records).items():
         outcomes = group_by_problem(recs)
         n_min = min(o.n for o in outcomes)
         row = {

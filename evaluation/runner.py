@@ -2,14 +2,14 @@
 and the promotion gate.
 
 Any model the platform can load is accepted: a local save_pretrained directory, `s3://...` artifact, or an
-MLflow registry URI (`models:/name@alias`, `models:/name/3`), resolved via `afm.tracking.resolve_model_uri`.
+MLflow registry URI (`models:/name@alias`, `models:/name/3`, shorthand `name@alias`), resolved via
+`afm.tracking.resolve_model_uri`.
 
 Where the work runs (decided for this machine and documented): model episodes are BATCHED IN ONE PROCESS
 (`training.rl_rollout.run_rollouts` generates every live episode of a chunk of problems in one
 `engine.generate` call per turn). Batching is what makes small-model generation fast; Ray actors would each
-hold a model copy and split a batch that one process already fills. The teacher MAS runs in process too: with
-the scripted oracle it costs milliseconds per problem, and with an LLM endpoint the server does the work
-(and its backends are not known to be thread-safe); large teacher runs belong to the distillation stage.
+hold a model copy and split a batch that one process already fills. The teacher runs in process or on the
+distillation stage's Ray actor pool (`teacher_ray_actors`), see evaluation.teacher_eval.
 
 Usage:
     cfg = load_config(EvalConfig, "configs/eval.yaml")
@@ -33,12 +33,10 @@ from tqdm import tqdm
 
 from afm import tracking
 from afm.config import Config
-from agents.teacher.backends import LLMBackend, OpenAIChatBackend
-from agents.teacher.mas import TeacherConfig, run_mas
-from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
+from agents.teacher.mas import TeacherConfig
 from agents.tools.sandbox import SandboxLimits
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
-from evaluation.grading import episode_to_record, mas_log_to_record
+from evaluation.grading import episode_to_record
 from evaluation.lineage import is_registry_uri, normalize_model_uri, resolve_registry_version
 from evaluation.metrics import accuracy
 from evaluation.promotion import (
@@ -46,6 +44,7 @@ from evaluation.promotion import (
 )
 from evaluation.records import EvalRecord, write_records
 from evaluation.report import efficiency_rows, save_plots, summary_markdown, summary_rows, tts_curves
+from evaluation.teacher_eval import TEACHER_LABEL, evaluate_teacher
 from models.engines.hf import HFEngine
 from models.policy import load_policy
 from problems.computation import computation_problems
@@ -55,7 +54,6 @@ from problems.records import Problem
 from training.rewards import Judge, LLMJudge, NormalizedMatchJudge
 from training.rl_rollout import RolloutConfig, run_rollouts
 
-TEACHER_LABEL = "teacher"
 CHAMPION_LABEL = "champion"  # label of the current champion's records when the gate re-evaluates it
 
 
@@ -86,9 +84,11 @@ class EvalConfig(Config):
                                                                      "the registry shorthand name@alias.")
     include_teacher: bool = Field(True, description="Also run the teacher MAS on every set (efficiency baseline).")
     teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="The teacher MAS and its backend.")
+    teacher_ray_actors: int = Field(0, ge=0, description="0: teacher runs in this process; N: on the distillation "
+                                                         "stage's pool of N Ray actors (LLM teachers, big sets).")
     problem_sets: dict[str, ProblemSetConfig] = Field(default_factory=dict, description="{label: problem set}.")
     n_samples: int = Field(3, ge=1, description="Episodes per problem (pass@k needs k <= n_samples).")
-    ks: list[int] = Field(default_factory=lambda: [1, 3], description="k values reported as pass@k.")
+    ks: list[int] = Field(default_factory=lambda: [1, 3], min_length=1, description="k values reported as pass@k.")
     temperature: float = Field(0.7, ge=0.0, description="Sampling temperature (0 = greedy; then all samples agree).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_turns: int = Field(8, ge=1, description="Generation turns per episode (AFM: 25 web, 8 code).")
@@ -173,36 +173,6 @@ def evaluate_model(label: str, uri: str, problem_sets: dict[str, list[Problem]],
     return records
 
 
-def build_teacher_backend(cfg: TeacherConfig, problems: list[Problem], seed: int) -> LLMBackend:
-    """The teacher backend `cfg` names; the scripted oracle is told the problems it will be asked about."""
-    if cfg.backend == "openai":
-        return OpenAIChatBackend(cfg.endpoint, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens)
-    return ScriptedOracleBackend(OracleKnowledge(problems), cfg.mistake_rate, cfg.reflection_rate, seed)
-
-
-def evaluate_teacher(problem_sets: dict[str, list[Problem]], cfg: EvalConfig, toolbox, judge: Judge,
-                     limits: SandboxLimits) -> list[EvalRecord]:
-    """The teacher MAS, n_samples runs per problem; its tokens count every agent's prompts and completions.
-    The scripted oracle only knows generated problems (with a metadata 'solution'); with it, other problems
-    (HumanEval, user datasets) get no teacher rows and are left out of the efficiency comparison."""
-    if cfg.teacher.backend == "oracle":
-        problem_sets = {label: [p for p in problems if "solution" in p.metadata]
-                        for label, problems in problem_sets.items()}
-        problem_sets = {label: problems for label, problems in problem_sets.items() if problems}
-    records: list[EvalRecord] = []
-    total = sum(len(ps) for ps in problem_sets.values()) * cfg.n_samples
-    with tqdm(total=total, desc="eval teacher", unit="run") as bar:
-        for set_label, problems in problem_sets.items():
-            backend = build_teacher_backend(cfg.teacher, problems, seed=cfg.seed)
-            for problem in problems:
-                for sample in range(cfg.n_samples):
-                    log = run_mas(problem, backend, toolbox, cfg.teacher, log_id=f"{problem.id}#{sample}",
-                                  sample_idx=sample)
-                    records.append(mas_log_to_record(log, problem, set_label, judge, limits, model=TEACHER_LABEL))
-                    bar.update(1)
-    return records
-
-
 def run_gate(cfg: EvalConfig, records: list[EvalRecord], problem_sets: dict[str, list[Problem]], toolbox,
              judge: Judge, limits: SandboxLimits, work_dir: Path) -> tuple[PromotionDecision, list[EvalRecord]]:
     """Evaluate the current champion on the gate set next to the candidate (same problems and sampling),
@@ -261,12 +231,19 @@ def log_to_mlflow(rows: list[dict], eff_rows: list[dict], markdown: str, figures
         tracking.log_figure(fig, name)
 
 
+def promotion_markdown(candidate: str, decision: PromotionDecision) -> str:
+    champion = "-" if decision.champion_score is None else f"{decision.champion_score:.3f}"
+    return (f"\n## Promotion\n\n{candidate}: **{decision.alias}** ({decision.reason}; candidate "
+            f"{decision.candidate_score:.3f}, champion {champion})\n")
+
+
 def evaluate(cfg: EvalConfig) -> EvalResult:
     """Run every model (and the teacher) on every problem set; write, plot, log, and apply the gate."""
     if not cfg.problem_sets:
         raise ValueError("EvalConfig: field 'problem_sets' is empty; name at least one problem set")
-    if max(cfg.ks) > cfg.n_samples:
-        raise ValueError(f"EvalConfig: ks {cfg.ks} has k > n_samples={cfg.n_samples}; sample at least max(ks)")
+    if min(cfg.ks) < 1 or max(cfg.ks) > cfg.n_samples:
+        raise ValueError(f"EvalConfig: field 'ks' {cfg.ks} needs 1 <= k <= n_samples={cfg.n_samples}; "
+                         "sample at least max(ks) episodes per problem")
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_problem_path = out_dir / "episodes.jsonl"
@@ -277,9 +254,10 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     records: list[EvalRecord] = []
     decision = None
     with tracking.start_run(cfg.mlflow_experiment, cfg.run_name, params=cfg.model_dump(mode="json")), \
-            tempfile.TemporaryDirectory(prefix="afm-eval-models-") as tmp:
+            tempfile.TemporaryDirectory(prefix="afm-eval-") as tmp:
         if cfg.include_teacher:
-            records += evaluate_teacher(problem_sets, cfg, toolbox, judge, limits)
+            records += evaluate_teacher(problem_sets, cfg.teacher, cfg.toolbox, cfg.n_samples, cfg.teacher_ray_actors,
+                                        judge, limits, Path(tmp))
             write_records(per_problem_path, records)  # after each model: a crash keeps what is done
         for label, uri in cfg.models.items():
             records += evaluate_model(label, uri, problem_sets, cfg, toolbox, judge, limits, Path(tmp))
@@ -292,9 +270,7 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
         eff_rows = efficiency_rows(records, TEACHER_LABEL)
         markdown = summary_markdown(rows, eff_rows)
         if decision is not None:
-            markdown += (f"\n## Promotion\n\n{cfg.gate.candidate}: **{decision.alias}** ({decision.reason}; "
-                         f"candidate {decision.candidate_score:.3f}, champion "
-                         f"{'-' if decision.champion_score is None else f'{decision.champion_score:.3f}'})\n")
+            markdown += promotion_markdown(cfg.gate.candidate, decision)
         curves = tts_curves(records, max_k=cfg.n_samples)
         write_text_atomic(out_dir / "summary.json", json.dumps(
             {"summary": rows, "efficiency": eff_rows, "tts": curves}, indent=2))

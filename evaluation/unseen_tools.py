@@ -39,7 +39,9 @@ from agents.tools.toolbox import ToolBox, build_toolbox
 from evaluation.grading import episode_to_record
 from evaluation.metrics import accuracy, mean
 from evaluation.records import write_records
-from evaluation.runner import EvalConfig, build_judge, load_problem_set, metric_name, rollout_config
+from evaluation.runner import (
+    EvalConfig, build_judge, load_problem_set, metric_name, rollout_config, write_text_atomic,
+)
 from models.engines.hf import HFEngine
 from models.policy import load_policy
 from training.rl_rollout import Episode, run_rollouts
@@ -162,6 +164,6 @@ def evaluate_unseen_tool(cfg: EvalConfig) -> list[dict]:
                 tracking.log_metrics({metric_name(label, set_label, "unseen_tool", key): value
                                       for key, value in row.items() if key not in ("model", "set")}, step=0)
         write_records(out_dir / "unseen_tool.jsonl", all_records)
-        (out_dir / "unseen_tool.json").write_text(json.dumps(rows, indent=2))
+        write_text_atomic(out_dir / "unseen_tool.json", json.dumps(rows, indent=2))
         tracking.log_table_rows(rows, "unseen_tool.json")
     return rows

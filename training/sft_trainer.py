@@ -250,7 +250,7 @@ def checkpoint_state(parts: TrainParts, step: int, elapsed_s: float, loss: float
 
 def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMetricsLogger | None) -> TrainOutcome:
     """The optimisation loop from `parts.start_step` to `total_steps`, the time budget, or the end of data."""
-    loss, tokens_per_s, step = float("nan"), 0.0, parts.start_step
+    loss, step = float("nan"), parts.start_step
     elapsed_s, order_epoch, order = parts.elapsed_s, -1, []
     total_tokens, loop_start = 0.0, time.perf_counter()
     bar = tqdm(total=parts.total_steps, initial=step, desc="sft", disable=ctx.rank != 0)
@@ -288,9 +288,10 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMet
             if logger is not None:
                 logger.flush()
     bar.close()
-    ctx.sink.save(step, parts, checkpoint_state(parts, step, elapsed_s, loss), {"loss": loss}, final=True)
     loop_seconds = time.perf_counter() - loop_start
-    mean_tokens_per_s = total_tokens / loop_seconds if loop_seconds > 0 and total_tokens else tokens_per_s
+    mean_tokens_per_s = total_tokens / loop_seconds if total_tokens else 0.0
+    final_metrics = {"loss": loss, "mean_tokens_per_s": mean_tokens_per_s}
+    ctx.sink.save(step, parts, checkpoint_state(parts, step, elapsed_s, loss), final_metrics, final=True)
     return TrainOutcome(loss, step, mean_tokens_per_s, parts.data)
 
 

@@ -93,3 +93,41 @@ def trajectory_for(world: SyntheticWorld, traj_id: str) -> Trajectory:
 def synthetic_trajectories(n: int, seed: int = 0) -> list[Trajectory]:
     """`n` trajectories over fresh worlds; seeds `seed*1_000_003 + i` so train and eval seeds never collide."""
     return [trajectory_for(synthetic_world(seed * 1_000_003 + i), f"syn-{seed}-{i}") for i in range(n)]
+
+
+def evaluate_on_fresh_worlds(model, tokenizer, seeds: list[int], max_tool_calls: int = 3, max_new_tokens: int = 64) -> dict[str, float]:
+    """Run the policy greedily on fresh worlds with the real search tool loop; share of format-valid episodes
+    (parse + validate_trajectory) and of correct answers. Needs a tokenizer whose tags are single tokens."""
+    import torch
+
+    from models.format import TrajectoryError, parse_segments, validate_trajectory
+    from models.tokenizer import decode, encode_observation, encode_prompt
+
+    stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("</web_search>", "</answer>")] + [tokenizer.eos_token_id]
+    valid = correct = 0
+    model.eval()
+    for seed in seeds:
+        world = synthetic_world(seed)
+        prompt = encode_prompt(tokenizer, world.question)
+        response: list[int] = []
+        for _ in range(max_tool_calls + 1):
+            with torch.no_grad():
+                out = model.generate(
+                    torch.tensor([prompt + response]), max_new_tokens=max_new_tokens, do_sample=False,
+                    eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
+                )[0, len(prompt) + len(response):].tolist()
+            response += out
+            if not out or out[-1] != stop_ids[0]:
+                break
+            query = decode(tokenizer, response).rsplit("<web_search>", 1)[-1].removesuffix("</web_search>")
+            response += encode_observation(tokenizer, search_observation(world, query))
+        text = decode(tokenizer, [t for t in response if t != tokenizer.eos_token_id])
+        try:
+            segments = parse_segments(text)
+            answer = segments[-1].text if segments else ""
+            validate_trajectory(Trajectory("eval", world.question, "synthetic-lookup", segments, answer))
+            valid += 1
+            correct += answer.strip() == world.answer
+        except TrajectoryError:
+            pass
+    return {"format_valid": valid / len(seeds), "accuracy": correct / len(seeds)}

@@ -13,8 +13,8 @@ Mistakes (so error-correction trajectories exist): with probability `mistake_rat
 one, drawn from those that fit the problem:
 - wrong_entity (multihop, a later hop): the coordinator searches a distractor name; reflection scores
   information conflict poor -> re-plan -> the right search.
-- bad_query (multihop): the search agent writes a vague query without the name; reflection scores tool
-  effectiveness poor -> re-plan -> retry.
+- bad_query (multihop): the coordinator asks for a vague query without the name (the search agent copies it, so
+  thought and query always agree); reflection scores tool effectiveness poor -> re-plan -> retry.
 - wrong_answer (multihop): the coordinator suggests a distractor answer; double_check scores 2 -> re-plan ->
   re-read the last page -> the right answer.
 - slip (computation): the code agent writes the off-by-one variant; double_check scores 2 -> re-plan -> fixed code.
@@ -204,8 +204,11 @@ class ScriptedOracleBackend:
             before = steps[b.pos - 1]["finding"] + " " if b.pos > 0 else ""
             if step["tool"] == "web_search":
                 target = step["argument"]
-                if plan.kind == "wrong_entity" and plan.step == b.pos and b.mistakes_seen == 0:
-                    target = plan.distractor
+                if plan.step == b.pos and b.mistakes_seen == 0:
+                    if plan.kind == "wrong_entity":
+                        target = plan.distractor
+                    elif plan.kind == "bad_query":
+                        target = _vague_query(problem.question)
                 return f'{before}Search "{target}".\nNEXT: search'
             if step["tool"] == "crawl_page":
                 return f"{before}Read {step['argument']}.\nNEXT: crawl"
@@ -262,15 +265,9 @@ class ScriptedOracleBackend:
         return [f.group(1) for f in found if f]
 
     def _search(self, problem: Problem, messages: list[dict[str, str]]) -> str:
-        intents = self._own_intents(messages)
-        quoted = _QUOTED_RE.search(intents[-1])
-        query = quoted.group(1) if quoted else intents[-1]
-        plan = self._plan_for(problem)
-        steps = problem.metadata["solution"]["steps"]
-        if (plan.kind == "bad_query" and query == steps[plan.step]["argument"]
-                and not any(query in i for i in intents[:-1])):
-            return _vague_query(problem.question)
-        return query
+        intent = self._own_intents(messages)[-1]
+        quoted = _QUOTED_RE.search(intent)
+        return quoted.group(1) if quoted else intent
 
     def _crawl(self, problem: Problem, messages: list[dict[str, str]]) -> str:
         urls = _URL_RE.findall(self._own_intents(messages)[-1])

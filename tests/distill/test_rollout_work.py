@@ -30,7 +30,7 @@ def test_local_model_teacher_from_a_saved_policy(world_setup, toolbox_cfg, tmp_p
     model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
                                              intermediate_size=64), tok)
     save_policy(model, tok, tmp_path / "policy")
-    cfg = TeacherConfig(backend="local", model_path=str(tmp_path / "policy"), max_tokens=4, max_steps=3)
+    cfg = TeacherConfig(backend="local", model_path=str(tmp_path / "policy"), max_tokens=8, max_steps=3)
     worker = RolloutWorker(world_setup.problems, cfg, toolbox_cfg, max_retries=0)
     [out] = worker.run_batch([(world_setup.problems[0].id, 0)])
     assert out["log"]["teacher"].startswith("local:") and not out["log"]["verified"]

@@ -1,6 +1,7 @@
 """Ray rollout pool: exactly once per (problem, sample), resume from shards, survive a killed actor."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -8,6 +9,7 @@ import time
 
 import pytest
 
+from agents.teacher.log import MASLog
 from agents.teacher.mas import TeacherConfig
 from distill.rollouts import RolloutConfig, actor_name, run_rollouts
 from distill.shards import iter_logs, shard_paths
@@ -16,16 +18,11 @@ pytestmark = pytest.mark.integration
 
 
 def keys_in(out_dir):
-    logs = []
-    for path in shard_paths(out_dir):
-        logs += [(l.problem_id, l.sample_idx) for l in _read(path)]
-    return logs
+    """Every (problem_id, sample_idx) in the complete shards, duplicates included."""
+    return [(log.problem_id, log.sample_idx) for path in shard_paths(out_dir) for log in _read(path)]
 
 
 def _read(path):
-    import json
-
-    from agents.teacher.log import MASLog
     return [MASLog.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -41,11 +38,11 @@ def test_exactly_once_and_resume(ray_session, world_setup, toolbox_cfg, tmp_path
     again = run_rollouts(problems, TeacherConfig(), toolbox_cfg, cfg, tmp_path, run_id="b")
     assert (again.produced, again.skipped) == (0, len(wanted))
 
-    lost = shard_paths(tmp_path)[0]
+    lost = shard_paths(tmp_path)[1]  # not the first: a restart at index 0 would overwrite shard 0
     lost_keys = sorted((l.problem_id, l.sample_idx) for l in _read(lost))
     lost.unlink()
     (tmp_path / ".shard-a-99999.jsonl.tmp").write_text("half a line")  # a crashed write is ignored
-    resumed = run_rollouts(problems, TeacherConfig(), toolbox_cfg, cfg, tmp_path, run_id="c")
+    resumed = run_rollouts(problems, TeacherConfig(), toolbox_cfg, cfg, tmp_path, run_id="a")  # same id again
     assert resumed.produced == len(lost_keys) and resumed.skipped == len(wanted) - len(lost_keys)
     assert sorted(keys_in(tmp_path)) == wanted
 

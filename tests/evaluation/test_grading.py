@@ -91,3 +91,11 @@ def test_teacher_tokens_count_every_agent_call():
     cmp = compare_efficiency(model, [rec])
     assert cmp.token_reduction_pct == pytest.approx(100 * (60 - 390) / 390)
     assert json.loads(json.dumps(rec.to_dict()))["judge"]["correct"] is True
+
+
+def test_failed_run_counts_as_unanswered():
+    from evaluation.grading import failed_run_record
+
+    rec = failed_run_record("teacher", "multihop", QA, 1, "Traceback ...\nValueError: backend down")
+    assert rec.status == "no_answer" and not rec.correct and rec.sample == 1
+    assert rec.judge["rationale"].endswith("ValueError: backend down")

@@ -62,9 +62,9 @@ def test_evaluate_teacher_and_model(tmp_path, tiny_policy, local_registry):
     assert {r.problem_set for r in teacher} == {"computation", "multihop"}
     assert all(r.tokens > 0 for r in teacher) and {r.sample for r in teacher} == {0, 1}
     assert any(r.correct for r in teacher if r.problem_set == "multihop")
-    assert [(r["model"], r["set"]) for r in result.summary_rows] == [
-        ("teacher", "computation"), ("teacher", "multihop"),
-        ("untrained", "computation"), ("untrained", "multihop"), ("untrained", "humaneval")]
+    assert [(r["model"], r["set"]) for r in result.summary_rows] == [     # models side by side per set
+        ("teacher", "computation"), ("untrained", "computation"), ("teacher", "multihop"),
+        ("untrained", "multihop"), ("untrained", "humaneval")]
     assert result.efficiency_rows[0]["model"] == "untrained"
     assert all(p.exists() for p in result.plots) and len(result.plots) == 3
     assert "untrained" in format_summary_table(result.summary_rows, result.efficiency_rows)

@@ -11,7 +11,7 @@ from models.engines.hf import HFEngine
 from models.format import OBSERVATION_CLOSE, OBSERVATION_OPEN
 from models.policy import load_policy
 from models.tokenizer import decode, encode_prompt
-from tests.rl.conftest import addition_problem
+from tests.rl.addition_task import addition_problem
 from training.rewards import NormalizedMatchJudge, score_response
 from training.rl_rollout import STATUSES, Episode, RolloutConfig, advance_episode, rollout_stats, run_rollouts
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from models.policy import load_policy
@@ -34,6 +35,7 @@ run_sft_local(cfg)
 """
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_straight_run(sft_cfg, tmp_path):
     n = 4
     straight = run_sft_local(sft_cfg.model_copy(update={"max_steps": 2 * n, "output_dir": str(tmp_path / "straight")}))

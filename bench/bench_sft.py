@@ -1,0 +1,173 @@
+"""SFT benchmark: our packed trainer vs a padded, unpacked HF Trainer on the same tiny model and data;
+achieved FLOP/s against a measured fp32 matmul peak; optionally a model-size sweep and a learnability run.
+
+    .venv/bin/python bench/bench_sft.py                  # throughput lines (< 3 min on 2 cores)
+    .venv/bin/python bench/bench_sft.py --learnability   # + size sweep and a 4-minute learning run
+
+Appends JSON lines `{"bench","metric","value","target","unit","detail"}` to bench/results/sft.jsonl.
+
+How things are counted. tokens/s = real (non-pad) tokens of the examples trained on per second of loop
+time (forward + backward + optimizer, data collation included, setup excluded); for HF Trainer it is the
+examples' real tokens consumed / `train_runtime`. Achieved FLOP/s = 6 x (all parameters, embedding
+included) x tokens/s: the usual dense-transformer estimate (2 forward + 4 backward FLOPs per parameter
+per token), attention score FLOPs ignored (small at these lengths). Peak = fp32 `torch.mm` of 2048^2
+matrices on the same threads (2 n^3 FLOPs per product).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.format import render_segments, write_jsonl  # noqa: E402
+from models.policy import load_policy, save_policy  # noqa: E402
+from models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
+from models.tokenizer import train_tokenizer  # noqa: E402
+from training.sft_data import IGNORE_INDEX, build_examples  # noqa: E402
+from training.sft_trainer import SFTConfig, run_sft_local  # noqa: E402
+from training.synthetic_coa import evaluate_on_fresh_worlds, synthetic_trajectories  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "sft.jsonl"
+THREADS = 2
+MAX_LEN = 512
+EXAMPLES_PER_STEP = 32  # HF baseline batch; our packed rows hold about as many real tokens per step
+
+
+def emit(metric: str, value: float, target: float | None, unit: str, detail: dict) -> None:
+    line = {"bench": "sft", "metric": metric, "value": round(value, 4), "target": target, "unit": unit, "detail": detail}
+    print(json.dumps(line))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def make_policy(work: Path, trajectories, model_cfg: TinyModelConfig) -> tuple[Path, object]:
+    tokenizer = train_tokenizer([t.question + render_segments(t.segments) for t in trajectories], vocab_size=1024)
+    path = save_policy(build_tiny_model(model_cfg, tokenizer), tokenizer, work / f"policy-h{model_cfg.hidden_size}-l{model_cfg.num_layers}")
+    return path, tokenizer
+
+
+def ours_tokens_per_s(work: Path, policy: Path, data: Path, steps: int, **overrides) -> tuple[float, object]:
+    cfg = SFTConfig(
+        model_path=str(policy), dataset=str(data), max_len=MAX_LEN, micro_batch=overrides.pop("micro_batch", 8),
+        max_steps=steps, lr=overrides.pop("lr", 3e-3), warmup_ratio=0.05, checkpoint_every=10_000, report_every=50,
+        output_dir=str(work / f"ours-{time.monotonic_ns()}"), log_system_metrics=False, registered_model_name="bench-sft",
+        **overrides,
+    )
+    result = run_sft_local(cfg)
+    return result.tokens_per_s, result
+
+
+def hf_trainer_tokens_per_s(work: Path, policy: Path, tokenizer, trajectories, steps: int, pad_to_max_len: bool) -> float:
+    """Plain HF Trainer, one example per row, padded (to the batch's longest, or to max_len); same masking."""
+    from transformers import Trainer, TrainingArguments
+
+    examples, _ = build_examples(trajectories, tokenizer, None, MAX_LEN)
+    rows = [{"input_ids": e.input_ids, "labels": e.labels} for e in examples]
+
+    def collate(batch):
+        width = MAX_LEN if pad_to_max_len else max(len(r["input_ids"]) for r in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        labels = torch.full((len(batch), width), IGNORE_INDEX)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            labels[i, :len(r["labels"])] = torch.tensor(r["labels"])
+            mask[i, :len(r["input_ids"])] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+    model, _ = load_policy(policy)
+    args = TrainingArguments(
+        output_dir=str(work / "hf"), per_device_train_batch_size=EXAMPLES_PER_STEP, max_steps=steps, learning_rate=3e-3,
+        report_to=[], save_strategy="no", logging_steps=10_000, use_cpu=True, dataloader_num_workers=0,
+        disable_tqdm=True, remove_unused_columns=False,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collate)
+    runtime = trainer.train().metrics["train_runtime"]
+    mean_len = sum(len(r["input_ids"]) for r in rows) / len(rows)
+    return steps * EXAMPLES_PER_STEP * mean_len / runtime
+
+
+def throughput(work: Path) -> None:
+    trajectories = synthetic_trajectories(1200, seed=1)
+    data = work / "train.jsonl"
+    write_jsonl(data, trajectories)
+    model_cfg = TinyModelConfig(hidden_size=128, num_layers=4, max_position_embeddings=MAX_LEN)
+    policy, tokenizer = make_policy(work, trajectories, model_cfg)
+    params = sum(p.numel() for p in build_tiny_model(model_cfg, tokenizer).parameters())
+    examples, _ = build_examples(trajectories, tokenizer, None, MAX_LEN)
+    per_row = MAX_LEN / (sum(len(e) for e in examples) / len(examples))
+    micro = max(1, round(EXAMPLES_PER_STEP / per_row))  # same real tokens per step as the HF batch
+    steps = 30
+    ours, _ = ours_tokens_per_s(work, policy, data, steps, micro_batch=micro)
+    hf_dynamic = hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=False)
+    hf_max = hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=True)
+    detail = {"model": "qwen2 hidden128 x4 layers", "params": params, "max_len": MAX_LEN, "steps": steps,
+              "threads": THREADS, "examples": len(examples), "ours_micro_batch_rows": micro,
+              "hf_batch_examples": EXAMPLES_PER_STEP, "ours_tokens_per_s": round(ours),
+              "hf_dynamic_padding_tokens_per_s": round(hf_dynamic), "hf_max_len_padding_tokens_per_s": round(hf_max)}
+    emit("tokens_per_s_packed", ours, None, "tokens/s", detail)
+    emit("speedup_vs_hf_trainer_dynamic_padding", ours / hf_dynamic, 2.0, "ratio", detail)
+    emit("speedup_vs_hf_trainer_max_len_padding", ours / hf_max, 2.0, "ratio", detail)
+    peak = matmul_peak_flops()
+    achieved = 6 * params * ours
+    emit("achieved_flops", achieved, None, "FLOP/s", {**detail, "count": "6 * params * tokens/s"})
+    emit("mfu_vs_measured_matmul_peak", achieved / peak, None, "ratio", {**detail, "matmul_peak_flops": round(peak)})
+
+
+def learnability(work: Path) -> None:
+    trajectories = synthetic_trajectories(4000, seed=2)
+    data = work / "learn.jsonl"
+    write_jsonl(data, trajectories)
+    for hidden in (64, 128, 192):
+        for layers in (2, 4):
+            cfg = TinyModelConfig(hidden_size=hidden, num_layers=layers, intermediate_size=4 * hidden, max_position_embeddings=MAX_LEN)
+            policy, _ = make_policy(work, trajectories, cfg)
+            tps, result = ours_tokens_per_s(work, policy, data, 15)
+            emit("sweep_tokens_per_s", tps, None, "tokens/s", {"hidden": hidden, "layers": layers, "max_len": MAX_LEN, "loss_after_15_steps": round(result.final_loss, 3)})
+    cfg = TinyModelConfig(hidden_size=128, num_layers=2, intermediate_size=512, max_position_embeddings=MAX_LEN)
+    policy, tokenizer = make_policy(work, trajectories, cfg)
+    eval_seeds = list(range(10**8, 10**8 + 60))  # never used by synthetic_trajectories for training
+    untrained, _ = load_policy(policy)
+    before = evaluate_on_fresh_worlds(untrained, tokenizer, eval_seeds)
+    tps, result = ours_tokens_per_s(work, policy, data, 100_000, lr=3e-3, time_budget_s=180.0, schedule="constant", epochs=1)
+    trained, _ = load_policy(result.policy_dir)
+    after = evaluate_on_fresh_worlds(trained, tokenizer, eval_seeds)
+    detail = {"hidden": 128, "layers": 2, "lr": 3e-3, "max_len": MAX_LEN, "time_budget_s": 180, "steps": result.steps,
+              "final_loss": round(result.final_loss, 3), "before": before, "after": after, "eval_worlds": len(eval_seeds)}
+    emit("learn_accuracy_fresh_worlds", after["accuracy"], before["accuracy"], "share", detail)
+    emit("learn_format_valid", after["format_valid"], before["format_valid"], "share", detail)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learnability", action="store_true", help="also run the size sweep and the learning run")
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
+        os.environ["AFM_HOME"] = str(Path(tmp) / "afm_home")
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        throughput(Path(tmp))
+        if args.learnability:
+            learnability(Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""SFT on Ray Train: the same `train_worker` loop as `run_sft_local`, on `num_workers` data-parallel workers.
+
+`TorchTrainer` + `ScalingConfig(num_workers, use_gpu)`: gloo on CPU, NCCL on GPU; `prepare_model` wraps the
+model in DDP. Checkpoints go to Ray Train storage (`checkpoint_uri`: a directory, or s3://bucket/prefix via a
+pyarrow S3 filesystem honouring AWS_ENDPOINT_URL), Ray keeps the last `keep_last`, and
+`FailureConfig(max_failures)` restarts dead workers from the latest one (exactly: see sft_trainer's doc).
+The driver owns the MLflow run; rank 0 appends metrics to it; the final policy travels inside the last
+checkpoint and is copied to `<output_dir>/policy`, then registered.
+
+    ray.init(num_cpus=2)                       # or an existing cluster
+    result = train_sft(load_config(SFTConfig, "configs/sft.yaml", ["num_workers=2"]))
+
+`ray.train.report` costs ~1.7 s per call on 2 CPU cores: the loop reports every `report_every` steps and at
+checkpoints only.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs
+import ray.train
+import ray.train.torch
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from models.policy import save_policy
+from training.checkpointing import unwrap_model, write_checkpoint
+from training.sft_data import DataReport
+from training.sft_trainer import SFTConfig, SFTResult, TrainOutcome, TrainParts, WorkerContext, train_worker
+from training.sft_tracking import finish_sft_run, start_sft_run
+
+
+class RaySink:
+    """Checkpoints and reports through Ray Train; only rank 0 writes checkpoint files."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def latest(self) -> Path | None:
+        checkpoint = ray.train.get_checkpoint()
+        return Path(checkpoint.to_directory()) if checkpoint is not None else None
+
+    def save(self, step: int, parts: TrainParts, state: dict[str, Any], metrics: dict[str, float], final: bool) -> None:
+        metrics = {**metrics, "step": step}
+        if final:
+            metrics.update(parts.data.as_metrics())
+        if self.rank != 0:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="afm-sft-ckpt-") as tmp:
+            write_checkpoint(Path(tmp), parts.model, parts.optimizer, parts.scheduler, {**state, "step": step})
+            if final:
+                save_policy(unwrap_model(parts.model), parts.tokenizer, Path(tmp) / "policy")
+            # Ray copies the directory into run storage before report returns, so tmp may go afterwards.
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+
+    def report(self, metrics: dict[str, float]) -> None:
+        ray.train.report(metrics)
+
+
+def sft_worker_loop(config: dict[str, Any]) -> None:
+    """Ray Train entry point on every worker."""
+    cfg = SFTConfig.model_validate(config["cfg"])
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    ctx = WorkerContext(
+        rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
+        prepare_model=ray.train.torch.prepare_model, sink=RaySink(rank),
+    )
+    work_dir = Path(tempfile.mkdtemp(prefix="afm-sft-data-"))
+    try:
+        train_worker(cfg, ctx, config["run_id"], config["tracking_uri"], work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def ray_storage(uri: str) -> tuple[str, pyarrow.fs.FileSystem | None]:
+    """(storage_path, storage_filesystem) for RunConfig: s3://bucket/prefix -> ("bucket/prefix", S3FileSystem)."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3":
+        return str(Path(uri).resolve()), None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    options: dict[str, Any] = {"region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1")}
+    if endpoint:
+        ep = urlparse(endpoint)
+        options.update(endpoint_override=ep.netloc, scheme=ep.scheme)
+    return f"{parsed.netloc}{parsed.path}".rstrip("/"), pyarrow.fs.S3FileSystem(**options)
+
+
+def _copy_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
+    """Copy `policy/` out of the final checkpoint, atomically (temp dir + rename)."""
+    policy_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{policy_dir.name}.tmp-", dir=policy_dir.parent))
+    with checkpoint.as_directory() as local:
+        shutil.copytree(Path(local) / "policy", tmp / "policy")
+    if policy_dir.exists():
+        shutil.rmtree(policy_dir)
+    os.replace(tmp / "policy", policy_dir)
+    shutil.rmtree(tmp)
+
+
+def train_sft(cfg: SFTConfig) -> SFTResult:
+    """Run SFT on Ray Train (cluster from the caller's ray.init, or a local one); one MLflow run."""
+    storage_path, filesystem = ray_storage(cfg.checkpoint_uri or str(Path(cfg.output_dir) / "ray"))
+    work_dir = Path(cfg.output_dir) / "data"
+    with start_sft_run(cfg, work_dir) as (run_id, tracking_uri):
+        trainer = TorchTrainer(
+            sft_worker_loop,
+            train_loop_config={"cfg": cfg.model_dump(), "run_id": run_id, "tracking_uri": tracking_uri},
+            scaling_config=ScalingConfig(
+                num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                resources_per_worker=None if cfg.use_gpu else {"CPU": 1},
+            ),
+            run_config=RunConfig(
+                name=f"{cfg.run_name}-{run_id[:8]}", storage_path=storage_path, storage_filesystem=filesystem,
+                checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_last),
+                failure_config=FailureConfig(max_failures=cfg.max_failures),
+            ),
+        )
+        result = trainer.fit()
+        policy_dir = Path(cfg.output_dir) / "policy"
+        _copy_policy(result.checkpoint, policy_dir)
+        metrics = result.metrics
+        data = DataReport(**{key.removeprefix("data."): int(v) for key, v in metrics.items() if key.startswith("data.")})
+        outcome = TrainOutcome(metrics["loss"], int(metrics["step"]), metrics["mean_tokens_per_s"], data)
+        version = finish_sft_run(cfg, run_id, policy_dir, outcome)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return SFTResult(policy_dir, run_id, version, outcome.final_loss, outcome.steps, outcome.tokens_per_s, data)
