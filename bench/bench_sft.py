@@ -106,7 +106,7 @@ def hf_trainer_tokens_per_s(work: Path, policy: Path, tokenizer, trajectories, s
 
 
 def throughput(work: Path) -> None:
-    trajectories = synthetic_trajectories(1200, seed=1)
+    trajectories = synthetic_trajectories(800, seed=1)
     data = work / "train.jsonl"
     write_jsonl(data, trajectories)
     model_cfg = TinyModelConfig(hidden_size=128, num_layers=4, max_position_embeddings=MAX_LEN)
@@ -115,7 +115,7 @@ def throughput(work: Path) -> None:
     examples, _ = build_examples(trajectories, tokenizer, None, MAX_LEN)
     per_row = MAX_LEN / (sum(len(e) for e in examples) / len(examples))
     micro = max(1, round(EXAMPLES_PER_STEP / per_row))  # same real tokens per step as the HF batch
-    steps = 30
+    steps = 20
     ours, _ = ours_tokens_per_s(work, policy, data, steps, micro_batch=micro)
     hf_dynamic = hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=False)
     hf_max = hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=True)

@@ -8,7 +8,7 @@
   token-level aggregation (sum over every valid token of the batch / number of valid tokens, so long episodes
   are not down-weighted per token), optional KL to a reference policy with the k3 estimator, plus entropy and
   clip-fraction statistics. Observation and prompt tokens have mask 0 and never reach the loss.
-- `sequence_logprobs`: per-token log-probabilities (and entropies) of a causal LM on given ids.
+- `token_logprobs`: per-token log-probabilities (and entropies) of a causal LM on given ids.
 
 Why a torch learner and not TRL's GRPOTrainer: TRL is not installed here, and its trainer owns the generation
 loop (single-turn completions from a prompt dataset); a CoA episode interleaves policy tokens with tool
@@ -18,7 +18,7 @@ the ~100 lines below are the smaller, clearer option.
 
 Usage:
     adv = group_advantages(rewards.view(P, G))                       # [P, G]
-    logp, ent = sequence_logprobs(model, ids, attention_mask)        # [B, T-1] each
+    logp, ent = token_logprobs(model, ids, attention_mask, temperature=1.0)   # [B, T-1] each
     loss, stats = policy_loss(logp, old_logp, adv_per_token, loss_mask, eps_low=0.2, eps_high=0.28)
 """
 from __future__ import annotations
@@ -44,12 +44,15 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
 
 
-def sequence_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = True,
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+    with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each next token under `model`: [B, T-1] for targets input_ids[:, 1:], and the entropy of the
-    predictive distribution at each of those positions (None if with_entropy=False)."""
+    """Log-prob of each next token under `model` at the sampling temperature (what the rollout engine reports
+    for a sampled token): [B, T-1] for targets input_ids[:, 1:], plus the entropy at each position."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
     return logprobs_from_logits(logits, input_ids[:, 1:], with_entropy)
 
 

@@ -44,7 +44,7 @@ from models.engines.hf import HFEngine
 from models.policy import load_policy, save_policy
 from problems.records import Problem, read_problems
 from training.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
-from training.grpo import group_advantages, informative_groups, logprobs_from_logits, policy_loss
+from training.grpo import group_advantages, informative_groups, policy_loss, token_logprobs
 from training.rewards import Judge, LLMJudge, NormalizedMatchJudge, score_response
 from training.lr import warmup_schedule
 from training.rl_rollout import Episode, RolloutConfig, rollout_stats, run_rollouts
@@ -76,7 +76,7 @@ class RLConfig(Config):
     judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for web/QA rewards.")
     judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
     judge_model: str = Field("", description="Model name at the judge endpoint (judge='llm').")
-    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: in-process transformers, or vLLM (GPU machines).")
+    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: in-process transformers, or vLLM (GPU machines; its logprobs are at temperature 1, the learner recomputes old logprobs either way).")
     use_gpu: bool = Field(False, description="Put the learner (and HF engine) on CUDA.")
     seed: int = Field(0, description="Seeds problem order, rollouts and the learner.")
     checkpoint_every: int = Field(10, ge=1, description="Save a resumable checkpoint every this many steps.")
@@ -126,14 +126,6 @@ def build_learner_batch(episodes: list[Episode], advantages: list[float], pad_id
     return LearnerBatch(input_ids, attention, loss_mask, torch.tensor(advantages, dtype=torch.float), rollout_lp)
 
 
-def token_logprobs(model, input_ids, attention_mask, temperature: float, with_entropy: bool):
-    """Per-target logprobs at the sampling temperature (what the HF/vLLM engines report for sampled tokens)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    return logprobs_from_logits(logits, input_ids[:, 1:], with_entropy)
-
-
 @torch.no_grad()
 def batch_logprobs(model, batch: LearnerBatch, temperature: float, micro: int, device) -> torch.Tensor:
     out = []
@@ -170,7 +162,7 @@ def update_policy(model, optimizer, scheduler, batch: LearnerBatch, old_lp: torc
                     entropy=ent.detach(), num_valid_tokens=valid,
                 )
                 loss.backward()
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
                 share = float(batch.loss_mask[sl].sum()) / valid
                 for key, value in stats.items():
                     mb_stats[key] = mb_stats.get(key, 0.0) + value * share
@@ -213,12 +205,15 @@ def build_judge(cfg: RLConfig) -> Judge:
     return LLMJudge(complete)
 
 
-def build_engine(cfg: RLConfig, model, tokenizer, policy_dir: str):
+def build_engine(cfg: RLConfig, model, tokenizer, output_dir: Path):
+    """HF: shares the learner's module. vLLM: its own copy, loaded from a local save of the current weights
+    (vLLM cannot read s3:// URIs) and updated after every step."""
     if cfg.engine == "hf":
         return HFEngine(model, tokenizer)
     from models.engines.vllm_engine import VLLMEngine  # GPU machines only
 
-    return VLLMEngine(policy_dir, tokenizer)
+    local = save_policy(model, tokenizer, output_dir / "rollout-policy")
+    return VLLMEngine(str(local), max_model_len=model.config.max_position_embeddings)
 
 
 def reward_curve_figure(history: list[dict[str, float]]):
@@ -240,18 +235,64 @@ def reward_curve_figure(history: list[dict[str, float]]):
 
 # ---------------------------------------------------------------- the loop
 
-def rl_step(step: int, cfg: RLConfig, problems, model, tokenizer, ref_model, optimizer, scheduler, engine, toolbox, judge,
-            device) -> dict[str, float]:
+@dataclass
+class RLSession:
+    """Everything one RL job holds between steps (built by `setup_session`)."""
+
+    cfg: RLConfig
+    problems: list[Problem]
+    model: Any
+    tokenizer: Any
+    ref_model: Any  # frozen initial policy for the KL term; None when kl_coef == 0
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    engine: Any
+    toolbox: Any
+    judge: Judge
+    device: torch.device
+    start_step: int
+    history: list[dict[str, float]]
+
+
+def setup_session(cfg: RLConfig) -> RLSession:
+    """Load problems and policy, build optimizer, resume from the newest checkpoint, start engine and tools."""
+    torch.manual_seed(cfg.seed)
+    device = torch.device("cuda" if cfg.use_gpu else "cpu")
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    problems = [p for p in read_problems(cfg.problems_path) if p.split == "train"]
+    if not problems:
+        raise ValueError(f"{cfg.problems_path}: no problems with split='train'; RL needs training problems")
+    model, tokenizer = load_policy(cfg.policy, device=str(device))
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = warmup_schedule(optimizer, "constant", cfg.warmup_steps, total_steps=0)
+    start_step, history = 0, []
+    latest = latest_checkpoint(output_dir / "checkpoints") if cfg.resume else None
+    if latest is not None:
+        state = load_checkpoint(latest, model, optimizer, scheduler)
+        start_step, history = state["step"], state["history"]
+    return RLSession(
+        cfg=cfg, problems=problems, model=model, tokenizer=tokenizer, ref_model=ref_model, optimizer=optimizer,
+        scheduler=scheduler, engine=build_engine(cfg, model, tokenizer, output_dir),
+        toolbox=build_toolbox(cfg.toolbox), judge=build_judge(cfg), device=device, start_step=start_step,
+        history=history,
+    )
+
+
+def rl_step(s: RLSession, step: int) -> dict[str, float]:
     """One RL step: rollout -> reward -> advantages -> update -> weight sync. Returns its metrics."""
+    cfg, tokenizer, model, device = s.cfg, s.tokenizer, s.model, s.device
     started = time.perf_counter()
-    batch_problems = step_problems(problems, step, cfg.prompts_per_step, cfg.seed)
-    episodes = run_rollouts(engine, tokenizer, toolbox, batch_problems, cfg.rollout, seed=cfg.seed * 7919 + step)
+    batch_problems = step_problems(s.problems, step, cfg.prompts_per_step, cfg.seed)
+    episodes = run_rollouts(s.engine, tokenizer, s.toolbox, batch_problems, cfg.rollout, seed=cfg.seed * 7919 + step)
     rollout_s = time.perf_counter() - started
     stats = rollout_stats(episodes)
 
     scored = [
-        score_response(ep.problem.family, ep.model_text, ep.problem.answers, judge, ep.problem.question,
-                       response_tokens=len(ep.response_ids), overlong_max_tokens=cfg.rollout.token_budget if cfg.overlong_buffer_tokens else 0,
+        score_response(ep.problem.family, ep.model_text, ep.problem.answers, s.judge, ep.problem.question,
+                       response_tokens=len(ep.response_ids),
+                       overlong_max_tokens=cfg.rollout.token_budget if cfg.overlong_buffer_tokens else 0,
                        overlong_buffer_tokens=cfg.overlong_buffer_tokens)
         for ep in episodes
     ]
@@ -265,12 +306,14 @@ def rl_step(step: int, cfg: RLConfig, problems, model, tokenizer, ref_model, opt
     if kept:
         batch = build_learner_batch([ep for ep, _ in kept], [a for _, a in kept], tokenizer.pad_token_id)
         old_lp = batch_logprobs(model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
-        ref_lp = batch_logprobs(ref_model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device) if ref_model else None
+        ref_lp = None
+        if s.ref_model is not None:
+            ref_lp = batch_logprobs(s.ref_model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
         gen_mask = batch.loss_mask > 0
-        update = update_policy(model, optimizer, scheduler, batch, old_lp, ref_lp, cfg, device)
+        update = update_policy(model, s.optimizer, s.scheduler, batch, old_lp, ref_lp, cfg, device)
         # Token-in/token-out check: the sampler's logprobs vs the learner's recomputation before the update.
         update["rollout_logprob_abs_diff"] = float((old_lp - batch.rollout_logprobs).abs()[gen_mask].mean())
-        engine.update_weights(model.state_dict())
+        s.engine.update_weights(model.state_dict())  # weight sync learner -> rollout engine
     train_s = time.perf_counter() - train_started
 
     lengths = [sum(ep.loss_mask) for ep in episodes]
@@ -296,46 +339,23 @@ def rl_step(step: int, cfg: RLConfig, problems, model, tokenizer, ref_model, opt
 
 def train_rl(cfg: RLConfig) -> RLResult:
     """Run the RL job described by `cfg`; returns the final policy dir, MLflow run id, version and history."""
-    # -- setup
-    torch.manual_seed(cfg.seed)
-    device = torch.device("cuda" if cfg.use_gpu else "cpu")
-    output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    problems = [p for p in read_problems(cfg.problems_path) if p.split == "train"]
-    if not problems:
-        raise ValueError(f"{cfg.problems_path}: no problems with split='train'; RL needs training problems")
-    model, tokenizer = load_policy(cfg.policy, device=str(device))
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = warmup_schedule(optimizer, "constant", cfg.warmup_steps, total_steps=0)
-    start_step, history = 0, []
-    checkpoint_root = output_dir / "checkpoints"
-    latest = latest_checkpoint(checkpoint_root) if cfg.resume else None
-    if latest is not None:
-        state = load_checkpoint(latest, model, optimizer, scheduler)
-        start_step, history = state["step"], state["history"]
-    engine = build_engine(cfg, model, tokenizer, cfg.policy)
-    if start_step:
-        engine.update_weights(model.state_dict())
-    toolbox = build_toolbox(cfg.toolbox)
-    judge = build_judge(cfg)
-
+    session = setup_session(cfg)
+    output_dir, history = Path(cfg.output_dir), session.history
     with tracking.start_run(cfg.mlflow_experiment, cfg.run_name, params=cfg.model_dump(mode="json"),
-                            tags={"stage": "rl", "resumed_from_step": start_step}) as run:
-        # -- loop
+                            tags={"stage": "rl", "resumed_from_step": session.start_step}) as run:
         started = time.perf_counter()
-        for step in tqdm(range(start_step, cfg.steps), desc="rl", initial=start_step, total=cfg.steps):
-            metrics = rl_step(step, cfg, problems, model, tokenizer, ref_model, optimizer, scheduler, engine, toolbox, judge, device)
+        for step in tqdm(range(session.start_step, cfg.steps), desc="rl", initial=session.start_step, total=cfg.steps):
+            metrics = rl_step(session, step)
             history.append(metrics)
             tracking.log_metrics({k: v for k, v in metrics.items() if k != "step"}, step=step)
             done = step + 1
             out_of_time = bool(cfg.time_budget_s) and time.perf_counter() - started > cfg.time_budget_s
             if done % cfg.checkpoint_every == 0 or done == cfg.steps or out_of_time:
-                save_checkpoint(checkpoint_root, done, model, optimizer, scheduler, {"history": history}, cfg.keep_last)
+                save_checkpoint(output_dir / "checkpoints", done, session.model, session.optimizer, session.scheduler,
+                                {"history": history}, cfg.keep_last)
             if out_of_time:
                 break
-        # -- final save, curve, registration
-        model_dir = save_policy(model, tokenizer, output_dir / "policy")
+        model_dir = save_policy(session.model, session.tokenizer, output_dir / "policy")
         if history:
             fig = reward_curve_figure(history)
             tracking.log_figure(fig, "reward_curve.png")
@@ -344,5 +364,5 @@ def train_rl(cfg: RLConfig) -> RLResult:
         version = tracking.register_model(model_dir, cfg.registered_model_name,
                                           tags={"stage": "rl", "steps": len(history), "source_policy": cfg.policy})
         run_id = run.info.run_id
-    # -- cleanup: the engine shares the model on CPU; nothing else holds resources.
+    # Cleanup: on CPU the engine shares the learner's module and tools hold no processes between calls.
     return RLResult(model_dir=model_dir, run_id=run_id, model_version=version, history=history)

@@ -281,12 +281,13 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMet
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}")
         final = step == parts.total_steps
-        if step % cfg.checkpoint_every == 0 and not final:
+        checkpoint_due, report_due = step % cfg.checkpoint_every == 0, step % cfg.report_every == 0
+        if checkpoint_due and not final:  # a checkpoint report doubles as the progress report
             ctx.sink.save(step, parts, checkpoint_state(parts, step, elapsed_s, loss), metrics, final=False)
-        elif step % cfg.report_every == 0:
+        elif report_due:
             ctx.sink.report(metrics)
-            if logger is not None:
-                logger.flush()
+        if logger is not None and (checkpoint_due or report_due):
+            logger.flush()
     bar.close()
     loop_seconds = time.perf_counter() - loop_start
     mean_tokens_per_s = total_tokens / loop_seconds if total_tokens else 0.0

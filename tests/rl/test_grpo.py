@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from training.grpo import group_advantages, informative_groups, kl_k3, logprobs_from_logits, policy_loss
-from training.rl_trainer import token_logprobs
+from training.grpo import token_logprobs
 
 
 def test_group_advantages_hand_computed():

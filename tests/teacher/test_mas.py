@@ -24,11 +24,12 @@ def test_clean_runs_are_verified_and_follow_the_solution(world_setup, toolbox):
 
 
 def test_thoughts_copy_the_name_the_next_search_uses(world_setup, toolbox):
-    p = next(p for p in world_setup.problems if p.family == "multihop")
-    log = run_mas(p, oracle(world_setup.problems), toolbox, TeacherConfig())
-    for prev, ev in zip(log.events, log.events[1:]):
-        if ev.tool_call and ev.tool_call.tag == "web_search":
-            assert prev.role == "thinking" and f'"{ev.tool_call.argument}"' in prev.content
+    # also with mistakes: a wrong or vague query is the coordinator's, so thought and query still agree
+    for i, p in enumerate(q for q in world_setup.problems if q.family == "multihop"):
+        log = run_mas(p, oracle(world_setup.problems, mistake_rate=1.0, seed=i), toolbox, TeacherConfig())
+        for prev, ev in zip(log.events, log.events[1:]):
+            if ev.tool_call and ev.tool_call.tag == "web_search":
+                assert prev.role == "thinking" and f'"{ev.tool_call.argument}"' in prev.content
 
 
 def test_every_agent_call_is_counted_and_histories_grow(world_setup, toolbox):
@@ -55,6 +56,10 @@ def test_each_mistake_kind_is_caught_and_corrected(world_setup, toolbox):
     cases = [("slip", comp, "verification"), ("bad_query", multihop[0], "reflection")]
     with_distractor = next(p for p in multihop if p.metadata["solution"]["distractors"])
     cases.append(("wrong_answer", with_distractor, "verification"))
+    names_ok = next(p for p in multihop if sum(s["tool"] == "web_search" for s in p.metadata["solution"]["steps"]) > 1
+                    and set(p.metadata["solution"]["distractors"]) - {s["argument"] for s in p.metadata["solution"]["steps"]}
+                    and not all(d.isdigit() for d in p.metadata["solution"]["distractors"]))
+    cases.append(("wrong_entity", names_ok, "reflection"))
     for kind, problem, catcher in cases:
         log = _run_until_kind(problem, world_setup.problems, toolbox, kind)
         assert log.verified and answer_matches(log.final_answer, problem.answers), (kind, problem.id)

@@ -1,0 +1,32 @@
+"""Learner batch packing and the per-step problem schedule."""
+from __future__ import annotations
+
+import torch
+
+from problems.records import Problem
+from training.rl_rollout import Episode
+from training.rl_trainer import build_learner_batch, step_problems
+
+
+def test_learner_batch_masks_prompt_and_observation_targets():
+    p = Problem(id="p", question="q", answers=["a"], family="computation")
+    ep = Episode(p, 0, 0, prompt_ids=[5, 6, 7], response_ids=[10, 11, 90, 91, 12], loss_mask=[1, 1, 0, 0, 1],
+                 rollout_logprobs=[-0.1, -0.2, 0.0, 0.0, -0.3])
+    short = Episode(p, 0, 1, prompt_ids=[5], response_ids=[10], loss_mask=[1], rollout_logprobs=[-0.4])
+    batch = build_learner_batch([ep, short], [1.5, -1.5], pad_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 10, 11, 90, 91, 12], [5, 10, 0, 0, 0, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1] * 8, [1, 1, 0, 0, 0, 0, 0, 0]]
+    # target position t predicts input_ids[t + 1]: the first response token is predicted at t = len(prompt) - 1
+    assert batch.loss_mask.tolist() == [[0, 0, 1, 1, 0, 0, 1], [1, 0, 0, 0, 0, 0, 0]]
+    targets = batch.input_ids[:, 1:]
+    assert targets[0][batch.loss_mask[0] > 0].tolist() == [10, 11, 12]
+    assert torch.allclose(batch.rollout_logprobs[0][batch.loss_mask[0] > 0], torch.tensor([-0.1, -0.2, -0.3]))
+    assert batch.advantages.tolist() == [1.5, -1.5]
+
+
+def test_step_problems_cover_each_epoch_and_are_deterministic():
+    problems = [Problem(id=str(i), question=str(i), answers=["x"], family="multihop") for i in range(10)]
+    first_epoch = [p.id for s in range(5) for p in step_problems(problems, s, 2, seed=7)]
+    assert sorted(first_epoch) == sorted(p.id for p in problems)
+    assert first_epoch == [p.id for s in range(5) for p in step_problems(problems, s, 2, seed=7)]
+    assert first_epoch != [p.id for s in range(5) for p in step_problems(problems, s, 2, seed=8)]
