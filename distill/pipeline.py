@@ -3,8 +3,10 @@
     generate worlds + problems -> corpus + mini-web -> teacher rollouts on Ray (MAS logs, sharded, resumable)
     -> MAS log -> CoA conversion -> progressive filters -> sft.jsonl; RL problem selection -> rl_problems.jsonl
 
-Outputs in `out_dir`: problems.jsonl (the SFT problems), corpus.jsonl (search corpus, also served as the
-mini-web), rollouts/ (MAS log shards), sft.jsonl (filtered trajectories), rl_problems.jsonl, report.json.
+Outputs in `out_dir`: problems.jsonl (the SFT problems), corpus.jsonl (search corpus of train AND held-out
+worlds, also served as the mini-web), rollouts/ (MAS log shards), sft.jsonl (filtered trajectories),
+rl_problems.jsonl, eval_heldout.jsonl (held-out entities), eval_train.jsonl (train entities, unseen
+questions), report.json.
 
 Usage:
     result = distill_dataset(DistillConfig(), Path("runs/distill"))
@@ -35,7 +37,7 @@ from models.format import write_jsonl
 from problems.computation import computation_problems
 from problems.miniweb import MiniWeb
 from problems.records import Problem, write_problems
-from problems.world import WorldConfig, generate_worlds, multihop_problems, world_corpus, world_html
+from problems.world import WorldConfig, assert_entities_disjoint, generate_worlds, multihop_problems, world_corpus, world_html
 
 
 class DistillConfig(Config):
@@ -49,6 +51,11 @@ class DistillConfig(Config):
     n_computation: int = Field(384, ge=0, description="SFT computation problems")
     rl_multihop_per_world: int = Field(10, ge=0, description="RL candidate multi-hop problems per world")
     rl_computation: int = Field(60, ge=0, description="RL candidate computation problems")
+    n_heldout_worlds: int = Field(4, ge=0, description="Held-out worlds: entities never in any train world "
+                                                       "(their pages join the corpus; their problems are eval-only)")
+    eval_per_world: int = Field(10, ge=0, description="Eval multi-hop problems per held-out world "
+                                                      "(eval_heldout.jsonl) and per train world up to 4 "
+                                                      "(eval_train.jsonl: memorization vs generalization)")
     teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="Teacher MAS and backend")
     toolbox: ToolboxConfig = Field(default_factory=ToolboxConfig,
                                    description="Tools; corpus_path / crawl_resolve are filled in by the pipeline, "
@@ -65,6 +72,19 @@ class DistillResult:
     corpus_path: Path
     filter_report: list[dict]
     counts: dict
+
+
+def build_eval_sets(cfg: DistillConfig, train_worlds: list, sft_questions: set[str]) -> tuple[list, dict]:
+    """(held-out worlds, {file: problems}): questions about held-out entities, and fresh questions about train
+    entities (never an SFT question), so eval can tell generalization from memorization."""
+    first = cfg.world_seed + cfg.n_worlds
+    heldout_worlds = generate_worlds(cfg.world, range(first, first + cfg.n_heldout_worlds), split="heldout")
+    assert_entities_disjoint(train_worlds, heldout_worlds)
+    heldout = [p for w in heldout_worlds
+               for p in multihop_problems(w, cfg.eval_per_world, hops=cfg.hops, split="heldout", rng_seed=2)]
+    train = [p for w in train_worlds[:4] for p in multihop_problems(w, cfg.eval_per_world, hops=cfg.hops, rng_seed=2)]
+    return heldout_worlds, {"eval_heldout.jsonl": heldout,
+                            "eval_train.jsonl": [p for p in train if p.question not in sft_questions]}
 
 
 def build_problems(cfg: DistillConfig) -> tuple[list, list[Problem], list[Problem]]:
@@ -84,11 +104,14 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     worlds, problems, rl_candidates = build_problems(cfg)
     write_problems(out_dir / "problems.jsonl", problems)
+    heldout_worlds, eval_sets = build_eval_sets(cfg, worlds, {p.question for p in problems})
+    for name, eval_problems in eval_sets.items():
+        write_problems(out_dir / name, eval_problems)
     corpus_path = out_dir / "corpus.jsonl"
     with open(corpus_path, "w", encoding="utf-8") as f:
-        for doc in world_corpus(worlds):
+        for doc in world_corpus(worlds + heldout_worlds):
             f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-    pages = {path: page for w in worlds for path, page in world_html(w).items()}
+    pages = {path: page for w in worlds + heldout_worlds for path, page in world_html(w).items()}
 
     with MiniWeb(pages) as web:
         toolbox_cfg = cfg.toolbox.model_copy(update={
@@ -118,6 +141,7 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
         "rollouts_failed": rollout.failed, "actor_restarts": rollout.actor_restarts,
         "converted": len(trajectories), "conversion_failures": dict(conversion_failures),
         "sft_trajectories": len(kept), "rl_problems": len(rl_kept), "rl_selection": rl_stats,
+        "eval_heldout": len(eval_sets["eval_heldout.jsonl"]), "eval_train": len(eval_sets["eval_train.jsonl"]),
         "rollout_seconds": round(t_rollout - t0, 2), "total_seconds": round(time.perf_counter() - t0, 2),
     }
     (out_dir / "report.json").write_text(json.dumps({"counts": counts, "filter_report": report}, indent=2))

@@ -35,7 +35,8 @@ def distill_task(cfg: DistillConfig, store_uri: str = "") -> dict:
     def produce(work_dir: Path):
         result = distill_dataset(cfg, work_dir)
         files = {"train.jsonl": result.sft_path, "rl_problems.jsonl": result.rl_problems_path,
-                 "corpus.jsonl": result.corpus_path, "report.json": work_dir / "report.json"}
+                 "corpus.jsonl": result.corpus_path, "report.json": work_dir / "report.json",
+                 "eval_heldout.jsonl": work_dir / "eval_heldout.jsonl", "eval_train.jsonl": work_dir / "eval_train.jsonl"}
         return files, {"counts": result.counts, "filter_report": result.filter_report, "stage_key": key}
 
     manifest = run_stage("distill", key, store_uri, produce, kind="dataset")
