@@ -115,11 +115,15 @@ def throughput(work: Path) -> None:
     examples, _ = build_examples(trajectories, tokenizer, None, MAX_LEN)
     per_row = MAX_LEN / (sum(len(e) for e in examples) / len(examples))
     micro = max(1, round(EXAMPLES_PER_STEP / per_row))  # same real tokens per step as the HF batch
-    steps = 20
-    ours, _ = ours_tokens_per_s(work, policy, data, steps, micro_batch=micro)
-    hf_dynamic = hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=False)
-    hf_max = hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=True)
-    detail = {"model": "qwen2 hidden128 x4 layers", "params": params, "max_len": MAX_LEN, "steps": steps,
+    steps, rounds = 12, 2
+    # The cores are shared: variants run interleaved and each keeps its best round, so a burst of load
+    # from other processes does not decide the ratio.
+    ours = hf_dynamic = hf_max = 0.0
+    for _ in range(rounds):
+        ours = max(ours, ours_tokens_per_s(work, policy, data, steps, micro_batch=micro)[0])
+        hf_dynamic = max(hf_dynamic, hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=False))
+        hf_max = max(hf_max, hf_trainer_tokens_per_s(work, policy, tokenizer, trajectories, steps, pad_to_max_len=True))
+    detail = {"model": "qwen2 hidden128 x4 layers", "params": params, "max_len": MAX_LEN, "steps": steps, "best_of_rounds": rounds,
               "threads": THREADS, "examples": len(examples), "ours_micro_batch_rows": micro,
               "hf_batch_examples": EXAMPLES_PER_STEP, "ours_tokens_per_s": round(ours),
               "hf_dynamic_padding_tokens_per_s": round(hf_dynamic), "hf_max_len_padding_tokens_per_s": round(hf_max)}
@@ -140,8 +144,8 @@ def learnability(work: Path) -> None:
         for layers in (2, 4):
             cfg = TinyModelConfig(hidden_size=hidden, num_layers=layers, intermediate_size=4 * hidden, max_position_embeddings=MAX_LEN)
             policy, _ = make_policy(work, trajectories, cfg)
-            tps, result = ours_tokens_per_s(work, policy, data, 15)
-            emit("sweep_tokens_per_s", tps, None, "tokens/s", {"hidden": hidden, "layers": layers, "max_len": MAX_LEN, "loss_after_15_steps": round(result.final_loss, 3)})
+            tps, result = ours_tokens_per_s(work, policy, data, 10)
+            emit("sweep_tokens_per_s", tps, None, "tokens/s", {"hidden": hidden, "layers": layers, "max_len": MAX_LEN, "loss_after_10_steps": round(result.final_loss, 3)})
     cfg = TinyModelConfig(hidden_size=128, num_layers=2, intermediate_size=512, max_position_embeddings=MAX_LEN)
     policy, tokenizer = make_policy(work, trajectories, cfg)
     eval_seeds = list(range(10**8, 10**8 + 60))  # never used by synthetic_trajectories for training

@@ -27,7 +27,10 @@ class TinyModelConfig(Config):
 
     hidden_size: int = Field(128, ge=16, description="Width of the residual stream (embedding size).")
     num_layers: int = Field(4, ge=1, le=8, description="Number of transformer decoder layers (2-4 is the tiny range).")
-    num_heads: int = Field(4, ge=1, description="Attention heads; must divide hidden_size.")
+    num_heads: int = Field(
+        4, ge=1, description="Attention heads; must divide hidden_size. vLLM's CPU kernels need hidden_size / num_heads "
+        "(head_dim) in 32, 64, 80, 96, 112, 128, ...",
+    )
     num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention); must divide num_heads.")
     intermediate_size: int = Field(512, ge=16, description="Hidden width of each layer's SwiGLU MLP.")
     max_position_embeddings: int = Field(2048, ge=64, description="Longest sequence (prompt + response) in tokens.")

@@ -6,7 +6,9 @@ Families and what they are scored with:
   `NormalizedMatchJudge` (SQuAD-normalized exact match) is the offline default.
 - multi-hop QA (`multihop`, `hotpotqa`, `mhqa`, `wiki`): exact match / token F1 after SQuAD normalization
   (lowercase, strip punctuation and articles, collapse whitespace); answers are split on `|`.
-- code / math (`code`, `computation`, `math`, `gsm8k`): answer_score x format_score, both 0/1. format_score
+- code / math (`code`, `computation`, `math`, `gsm8k`, `humaneval`): answer_score x format_score, both 0/1;
+  answer_score is a numeric/normalized match, or the problem's test cases when a `run_tests` is given (the
+  trainer runs HumanEval's check program in the sandbox). format_score
   needs balanced, non-nested tags, non-empty tool calls, exactly one ```py / ```python block per `<code>` that
   `ast` parses, and one final non-empty `<answer>`.
 - optional DAPO soft overlong penalty added on top (`overlong_penalty`).
@@ -305,8 +307,10 @@ def score_response(
     response_tokens: int = 0,
     overlong_max_tokens: int = 0,
     overlong_buffer_tokens: int = 0,
+    run_tests: Callable[[str], bool] | None = None,
 ) -> RewardBreakdown:
-    """Reward for one episode's MODEL-written text. `overlong_max_tokens=0` disables the overlong penalty."""
+    """Reward for one episode's MODEL-written text. `overlong_max_tokens=0` disables the overlong penalty.
+    `run_tests(answer) -> passed` replaces answer matching for code problems judged by test cases (HumanEval)."""
     golden_list = split_answers(golden)
     answer = extract_answer(model_text)
     fmt = check_format(model_text)
@@ -315,6 +319,8 @@ def score_response(
         answer_score = 0.0
     elif kind == "qa_match":
         answer_score = exact_match(answer, golden_list)
+    elif kind == "code" and run_tests is not None:
+        answer_score = float(run_tests(answer))
     elif kind == "code":
         answer_score = numeric_match(answer, golden_list)
     else:

@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from afm.config import Config
 from agents.tools.base import ToolResult
-from models.engines.base import GenerationEngine
+from models.engines.base import Generation, GenerationEngine
 from models.format import STOP_STRINGS, TOOL_TAGS, Segment, TrajectoryError, parse_segments
 from models.tokenizer import check_token_roundtrip, decode, encode_observation, encode_prompt
 from problems.records import Problem
@@ -95,8 +95,10 @@ class Episode:
 
 
 def _tool_argument(turn_text: str, tag: str) -> str | None:
-    """Text inside the last `<tag>` of a turn that ends with `</tag>`; None if the call was never opened."""
-    body = turn_text[: -len(f"</{tag}>")]
+    """Text inside the last `<tag>...</tag>` of a turn; None if the call was never opened. (The close tag is
+    searched, not assumed to be the last characters: with a tokenizer whose tags are plain text the token
+    that completes `</tag>` may carry a few more characters.)"""
+    body = turn_text[: turn_text.rfind(f"</{tag}>")]
     start = body.rfind(f"<{tag}>")
     return None if start < 0 else body[start + len(tag) + 2:]
 
@@ -116,17 +118,17 @@ def _append_generated(ep: Episode, tokenizer: PreTrainedTokenizerBase, ids: Sequ
     return text
 
 
-def _append_observation(ep: Episode, tokenizer: PreTrainedTokenizerBase, observation: str) -> list[int]:
-    ids = encode_observation(tokenizer, observation)
+def _append_observation(ep: Episode, tokenizer: PreTrainedTokenizerBase, observation: str, ids: list[int]) -> None:
     ep.response_ids += ids
     ep.loss_mask += [0] * len(ids)
     ep.rollout_logprobs += [0.0] * len(ids)
     ep.pieces.append(decode(tokenizer, ids))
     ep.segments.append(Segment("observation", observation))
-    return ids
 
 
-def advance_episode(ep: Episode, gen, tokenizer, toolbox: ToolCaller, cfg: RolloutConfig) -> None:
+def advance_episode(
+    ep: Episode, gen: Generation, tokenizer: PreTrainedTokenizerBase, toolbox: ToolCaller, cfg: RolloutConfig,
+) -> None:
     """Apply one turn's generation to an episode: finish it or run its tool call."""
     remaining = cfg.token_budget - len(ep.response_ids)
     ids, logprobs = gen.token_ids[:remaining], gen.logprobs[:remaining]
@@ -159,10 +161,11 @@ def advance_episode(ep: Episode, gen, tokenizer, toolbox: ToolCaller, cfg: Rollo
     seconds = time.perf_counter() - started
     ep.tool_s += seconds
     ep.tool_calls.append(ToolCall(tag, argument.strip(), result.status, seconds))
-    if len(ep.response_ids) + len(encode_observation(tokenizer, result.text)) >= cfg.token_budget:
-        ep.status = "token_budget"
+    observation_ids = encode_observation(tokenizer, result.text)
+    if len(ep.response_ids) + len(observation_ids) >= cfg.token_budget:
+        ep.status = "token_budget"  # the tool ran, but its observation does not fit the episode's budget
         return
-    _append_observation(ep, tokenizer, result.text)
+    _append_observation(ep, tokenizer, result.text, observation_ids)
 
 
 def run_rollouts(

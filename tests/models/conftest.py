@@ -50,7 +50,7 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_cfg():
-    return TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    return TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
 
 
 @pytest.fixture()

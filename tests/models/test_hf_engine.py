@@ -48,7 +48,7 @@ def test_batched_equals_unbatched_when_sequences_finish_at_different_steps(memor
     prompts = [encode_prompt(tokenizer, traj.question, SYSTEM_PROMPT)] + _prompts(tokenizer, 3)
     prompts.append(prompts[0] + encode_segments(tokenizer, traj.segments[:1]).input_ids)  # stops sooner
     batched = engine.generate(prompts, max_new_tokens=30, temperature=0)
-    assert len({len(g.token_ids) for g in batched}) > 2
+    assert {g.finish_reason for g in batched} == {"stop", "length"}  # some leave the batch early
     for prompt, gen in zip(prompts, batched):
         single = engine.generate([prompt], max_new_tokens=30, temperature=0)[0]
         assert (gen.token_ids, gen.stop, gen.finish_reason) == (single.token_ids, single.stop, single.finish_reason)

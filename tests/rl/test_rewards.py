@@ -112,3 +112,16 @@ def test_judge_family_uses_the_judge():
 
     assert score_response("web", "<answer>anything</answer>", ["x"], Always()).score == 1.0
     assert score_response("web", "<answer>anything</answer>", ["x"], JUDGE).score == 0.0
+
+
+def test_humaneval_answers_are_scored_by_their_test_cases():
+    from agents.tools.toolbox import ToolboxConfig
+    from problems.humaneval import humaneval_problems
+    from training.rl_trainer import answer_test_runner
+
+    problem = humaneval_problems()[0]
+    run = answer_test_runner(problem, ToolboxConfig(tools=["code"], code_timeout_s=10))
+    good = f"<think>write it</think><answer>{problem.answers[0]}</answer>"
+    wrong = "<answer>def has_close_elements(numbers, threshold):\n    return False\n</answer>"
+    assert score_response("humaneval", good, problem.answers, JUDGE, run_tests=run).score == 1.0
+    assert score_response("humaneval", wrong, problem.answers, JUDGE, run_tests=run).score == 0.0
