@@ -29,6 +29,7 @@ from models.policy import load_policy, save_policy  # noqa: E402
 from models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from problems.records import read_problems, write_problems  # noqa: E402
 from tests.rl.addition_task import ALL_PAIRS, addition_problem, addition_tokenizer, addition_trajectory, sft_briefly  # noqa: E402
+from training.rewards import NormalizedMatchJudge, score_response  # noqa: E402
 from training.rl_rollout import RolloutConfig, rollout_stats, run_rollouts  # noqa: E402
 from training.rl_trainer import RLConfig, train_rl  # noqa: E402
 
@@ -79,18 +80,35 @@ def bench_rollout_throughput(policy: Path, problems_path: Path, rollout: Rollout
             "note": "generation time only; tool time is the same sandbox calls in both"})
 
 
+def greedy_accuracy(policy: Path, problems_path: Path, rollout: RolloutConfig, tool_cache: Path) -> float:
+    """Fraction of all problems answered correctly with greedy decoding (the same episodes every time)."""
+    model, tok = load_policy(policy)
+    problems = read_problems(problems_path)
+    toolbox = build_toolbox(ToolboxConfig(tools=["code"], code_timeout_s=5, cache_dir=tool_cache))
+    cfg = rollout.model_copy(update={"group_size": 1, "temperature": 0.0})
+    episodes = run_rollouts(HFEngine(model, tok), tok, toolbox, problems, cfg, seed=0)
+    judge = NormalizedMatchJudge()
+    return sum(score_response(e.problem.family, e.model_text, e.problem.answers, judge).score for e in episodes) / len(episodes)
+
+
 def bench_rl_run(policy: Path, problems_path: Path, rollout: RolloutConfig, steps: int, work: Path):
+    # The tool cache makes repeated identical programs free (and their observations stable).
+    toolbox = ToolboxConfig(tools=["code"], code_timeout_s=5, cache_dir=work / "tool-cache")
     cfg = RLConfig(policy=str(policy), problems_path=str(problems_path), output_dir=str(work / "rl"), steps=steps,
-                   prompts_per_step=4, rollout=rollout, lr=1e-3, seed=0, checkpoint_every=max(steps, 1),
-                   toolbox=ToolboxConfig(tools=["code"], code_timeout_s=5),
+                   prompts_per_step=8, rollout=rollout.model_copy(update={"group_size": 8}), lr=3e-4, minibatches=2,
+                   micro_batch_size=16, seed=0, checkpoint_every=max(steps, 1), toolbox=toolbox,
                    mlflow_experiment="bench-rl", registered_model_name="bench-rl")
+    before = greedy_accuracy(policy, problems_path, rollout, work / "tool-cache")
     started = time.perf_counter()
     result = train_rl(cfg)
     wall = time.perf_counter() - started
+    after = greedy_accuracy(result.model_dir, problems_path, rollout, work / "tool-cache")
+    record("rl_greedy_accuracy_gain", after - before, 0.0, "accuracy",
+           {"before": round(before, 3), "after": round(after, 3), "problems": len(read_problems(problems_path))})
     hist = result.history
     parts = {k: sum(h[k] for h in hist) / len(hist) for k in ("time_generation_s", "time_tools_s", "time_training_s", "step_time_s")}
     record("rl_step_time_s", parts["step_time_s"], None, "s", {k: round(v, 3) for k, v in parts.items()} | {
-        "episodes_per_step": cfg.prompts_per_step * rollout.group_size})
+        "episodes_per_step": cfg.prompts_per_step * cfg.rollout.group_size})
     third = max(len(hist) // 3, 1)
     first = sum(h["reward_mean"] for h in hist[:third]) / third
     last = sum(h["reward_mean"] for h in hist[-third:]) / third
@@ -103,8 +121,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", help="policy dir (default: SFT the addition-task demo policy)")
     parser.add_argument("--problems", help="problems JSONL for --policy")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts in the throughput comparison")
-    parser.add_argument("--rl-steps", type=int, default=12, help="steps of the RL run (0 skips it)")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts in the throughput comparison")
+    parser.add_argument("--rl-steps", type=int, default=60, help="steps of the RL run (0 skips it)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # 2 shared cores: a second thread mostly adds contention
     rollout = RolloutConfig(group_size=4, max_turns=3, max_new_tokens=40, token_budget=200)

@@ -49,13 +49,17 @@ def emit(metric: str, value: float, target: float | None, unit: str, detail: dic
         handle.write(json.dumps(line) + "\n")
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> float:
+def matmul_peak_flops(n: int = 2048, repeats: int = 3, trials: int = 5) -> float:
+    """Best of `trials` timings (shared cores: the best one is the closest to the machine's peak)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        torch.mm(a, b)
-    return 2 * n**3 * repeats / (time.perf_counter() - start)
+    best = 0.0
+    for _ in range(trials):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        best = max(best, 2 * n**3 * repeats / (time.perf_counter() - start))
+    return best
 
 
 def make_policy(work: Path, trajectories, model_cfg: TinyModelConfig) -> tuple[Path, object]:
@@ -136,11 +140,11 @@ def throughput(work: Path) -> None:
     emit("mfu_vs_measured_matmul_peak", achieved / peak, None, "ratio", {**detail, "matmul_peak_flops": round(peak)})
 
 
-def learnability(work: Path) -> None:
+def learnability(work: Path, sweep: bool) -> None:
     trajectories = synthetic_trajectories(4000, seed=2)
     data = work / "learn.jsonl"
     write_jsonl(data, trajectories)
-    for hidden in (64, 128, 192):
+    for hidden in (64, 128, 192) if sweep else ():
         for layers in (2, 4):
             cfg = TinyModelConfig(hidden_size=hidden, num_layers=layers, intermediate_size=4 * hidden, max_position_embeddings=MAX_LEN)
             policy, _ = make_policy(work, trajectories, cfg)
@@ -148,13 +152,13 @@ def learnability(work: Path) -> None:
             emit("sweep_tokens_per_s", tps, None, "tokens/s", {"hidden": hidden, "layers": layers, "max_len": MAX_LEN, "loss_after_10_steps": round(result.final_loss, 3)})
     cfg = TinyModelConfig(hidden_size=128, num_layers=2, intermediate_size=512, max_position_embeddings=MAX_LEN)
     policy, tokenizer = make_policy(work, trajectories, cfg)
-    eval_seeds = list(range(10**8, 10**8 + 60))  # never used by synthetic_trajectories for training
+    eval_seeds = list(range(10**8, 10**8 + 30))  # never used by synthetic_trajectories for training
     untrained, _ = load_policy(policy)
     before = evaluate_on_fresh_worlds(untrained, tokenizer, eval_seeds)
-    tps, result = ours_tokens_per_s(work, policy, data, 100_000, lr=3e-3, time_budget_s=180.0, schedule="constant", epochs=1)
+    tps, result = ours_tokens_per_s(work, policy, data, 100_000, lr=3e-3, time_budget_s=150.0, schedule="constant", epochs=1)
     trained, _ = load_policy(result.policy_dir)
     after = evaluate_on_fresh_worlds(trained, tokenizer, eval_seeds)
-    detail = {"hidden": 128, "layers": 2, "lr": 3e-3, "max_len": MAX_LEN, "time_budget_s": 180, "steps": result.steps,
+    detail = {"hidden": 128, "layers": 2, "lr": 3e-3, "max_len": MAX_LEN, "time_budget_s": 150, "steps": result.steps,
               "final_loss": round(result.final_loss, 3), "before": before, "after": after, "eval_worlds": len(eval_seeds)}
     emit("learn_accuracy_fresh_worlds", after["accuracy"], before["accuracy"], "share", detail)
     emit("learn_format_valid", after["format_valid"], before["format_valid"], "share", detail)
@@ -163,14 +167,17 @@ def learnability(work: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--learnability", action="store_true", help="also run the size sweep and the learning run")
+    parser.add_argument("--skip-sweep", action="store_true", help="skip the model-size tokens/s sweep")
+    parser.add_argument("--skip-throughput", action="store_true", help="skip the packed-vs-HF-Trainer comparison")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
         os.environ["AFM_HOME"] = str(Path(tmp) / "afm_home")
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-        throughput(Path(tmp))
+        if not args.skip_throughput:
+            throughput(Path(tmp))
         if args.learnability:
-            learnability(Path(tmp))
+            learnability(Path(tmp), sweep=not args.skip_sweep)
 
 
 if __name__ == "__main__":

@@ -2,59 +2,105 @@
 
     afm stack up && source .afm/stack/env.sh && afm deploy
     prefect worker start --pool afm-process          # then trigger runs from the UI (http://127.0.0.1:4200)
+    prefect deployment run 'distill/distill' --param config='{"distill": {"n_worlds": 2}}'
 
-The deployments load the code from this checkout (`flow.from_source(<repo root>, entrypoint)`), so a worker on
-this machine runs them as they are; on a cluster, point `source` at the repo/image the workers have.
-Parameters are the flows' typed configs, so the UI shows them as forms; defaults come from configs/default.yaml.
+The deployments load the code from this checkout (`flow.from_source(<repo root>, entrypoint)`: Prefect stores a
+`set_working_directory: <repo root>` pull step), so a process worker on this machine runs them as they are; on a
+cluster, point `source` at the repo/image the workers have. Each deployment's parameter schema is the flow's
+pydantic config (the UI renders it as a form) and its default parameters come from the recipe
+(configs/default.yaml): the whole recipe for `pipeline`/`nightly-retrain`, the stage's section for the others.
+`prefect.yaml` declares the same deployments for `prefect deploy --all`. See docs/operations.md.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.schedules import CronSchedule
 from prefect.exceptions import ObjectNotFound
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from afm.config import read_yaml
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-NIGHTLY_CRON = "0 2 * * *"  # 02:00 UTC
-
-# (deployment name, entrypoint, config section of configs/default.yaml used as its parameters, cron)
-DEPLOYMENTS = [
-    ("pipeline", "flows/pipeline.py:pipeline_flow", None, None),
-    ("nightly-retrain", "flows/nightly.py:nightly_retrain_flow", None, NIGHTLY_CRON),
-    ("distill", "flows/distill.py:distill_flow", "distill", None),
-    ("sft", "flows/sft.py:sft_flow", "sft", None),
-    ("rl", "flows/rl.py:rl_flow", "rl", None),
-    ("evaluate", "flows/evaluate.py:evaluate_flow", "eval", None),
-]
+DEFAULT_RECIPE = REPO_ROOT / "configs" / "default.yaml"
+NIGHTLY_CRON = "0 2 * * *"
+NIGHTLY_TIMEZONE = "UTC"
 
 
-async def _ensure_work_pool(name: str) -> None:
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """One deployment: its name, the flow's entrypoint and which part of the recipe becomes its parameters."""
+
+    name: str
+    entrypoint: str
+    recipe_section: str | None  # None: the whole recipe (pipeline flows); else the stage's section
+    cron: str | None = None
+    description: str = ""
+
+
+DEPLOYMENTS = (
+    DeploymentSpec("pipeline", "flows.pipeline.pipeline_flow", None,
+                   description="distill -> sft -> rl -> evaluate -> promote on the recipe's data"),
+    DeploymentSpec("nightly-retrain", "flows.nightly.nightly_retrain_flow", None, NIGHTLY_CRON,
+                   description="the pipeline on fresh data every night at 02:00 UTC; the champion alias moves "
+                               "only on improvement"),
+    DeploymentSpec("distill", "flows.distill.distill_flow", "distill",
+                   description="teacher rollouts -> CoA trajectories -> progressive filters -> dataset"),
+    DeploymentSpec("sft", "flows.sft.sft_flow", "sft",
+                   description="SFT on Ray Train; set sft.model_path and sft.dataset"),
+    DeploymentSpec("rl", "flows.rl.rl_flow", "rl",
+                   description="agentic RL (GRPO/DAPO); set dataset_uri and rl.policy"),
+    DeploymentSpec("evaluate", "flows.evaluate.evaluate_flow", "eval",
+                   description="evaluate models side by side and promote on improvement; set dataset_uri and "
+                               "eval.models"),
+)
+
+
+async def ensure_work_pool(name: str) -> bool:
+    """Create the process work pool `name` unless it exists; True when it was created."""
     async with get_client() as client:
         try:
             await client.read_work_pool(name)
+            return False
         except ObjectNotFound:
             await client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+            return True
 
 
-def deployment_parameters(section: str | None, recipe: Path) -> dict:
-    """Flow parameters from the recipe: the whole recipe for pipeline flows, one section for stage flows."""
-    data = yaml.safe_load(recipe.read_text()) or {}
-    if section is None:
-        return {"config": data}
-    return {"config": {section: data.get(section, {})}}
+def deployment_parameters(spec: DeploymentSpec, recipe: dict) -> dict:
+    """The deployment's default parameters: `{"config": <whole recipe or the stage's section>}`.
+
+    Stage flows wrap their section the way their config does (DistillFlowConfig.distill, SFTFlowConfig.sft, ...).
+    Fields the pipeline normally fills in (sft.model_path, rl.policy, ...) are left for the person triggering.
+    """
+    if spec.recipe_section is None:
+        return {"config": recipe}
+    return {"config": {spec.recipe_section: recipe.get(spec.recipe_section, {})}}
 
 
-def register_deployments(work_pool: str, recipe: Path = REPO_ROOT / "configs" / "default.yaml") -> dict[str, str]:
-    run_coro_as_sync(_ensure_work_pool(work_pool))
+def register_deployments(work_pool: str, recipe: Path = DEFAULT_RECIPE) -> dict[str, str]:
+    """Create `work_pool` (process) if missing and create/update every deployment; returns name -> deployment id.
+
+    Needs PREFECT_API_URL pointing at a running server (env.sh of `afm stack up` sets it). Re-running updates the
+    deployments in place (same names, same ids).
+    """
+    run_coro_as_sync(ensure_work_pool(work_pool))
+    recipe_data = read_yaml(recipe)
     ids = {}
-    for name, entrypoint, section, cron in DEPLOYMENTS:
-        remote = flow.from_source(source=str(REPO_ROOT), entrypoint=entrypoint)
-        ids[name] = str(remote.deploy(
-            name=name, work_pool_name=work_pool, cron=cron, parameters=deployment_parameters(section, recipe),
-            tags=["afm"], print_next_steps=False,
+    for spec in DEPLOYMENTS:
+        # Module-path entrypoints, not `flows/distill.py:distill_flow`: Prefect loads a file path as a script with
+        # flows/ first on sys.path, where flows/distill.py shadows the `distill` package; the import fails and
+        # Prefect silently falls back to an AST-parsed placeholder whose parameter schema is untyped (no form).
+        # Loading imports the module, so a flow that does not import fails here, not in the worker.
+        loaded = flow.from_source(source=str(REPO_ROOT), entrypoint=spec.entrypoint)
+        schedules = [CronSchedule(cron=spec.cron, timezone=NIGHTLY_TIMEZONE)] if spec.cron else None
+        ids[spec.name] = str(loaded.deploy(
+            name=spec.name, work_pool_name=work_pool, schedules=schedules,
+            parameters=deployment_parameters(spec, recipe_data), description=spec.description,
+            tags=["afm"] + (["scheduled"] if spec.cron else []), print_next_steps=False,
         ))
     return ids

@@ -19,7 +19,8 @@ from models.tiny import TinyModelConfig, create_default_policy
 from problems.miniweb import serve_corpus
 from tasks.stages import default_store_uri, directory_files, retry_on_transient, run_stage, stage_key
 from training.rl_trainer import RLConfig, train_rl
-from training.sft_trainer import SFTConfig, train_sft
+from training.sft_ray import train_sft
+from training.sft_trainer import SFTConfig
 
 
 class BasePolicyConfig(Config):

@@ -15,7 +15,9 @@ would eat a large share of the 5-minute tiny run. Multi-GPU learners are verl's 
 Resume is exact: a checkpoint (`training.checkpointing`, shared with SFT) holds the policy, optimizer,
 scheduler and RNG state, the step and the metrics history; every random choice of step k (which problems,
 rollout sampling) is also derived from (seed, k), so 2 steps + resume + 2 steps gives the
-same weights as 4 steps straight.
+same weights as 4 steps straight — provided the tools answer the same calls the same way (set
+`toolbox.cache_dir`: sandbox tracebacks name a random temp dir, so an uncached failing program's
+observation differs from run to run).
 
 Usage:
     result = train_rl(RLConfig(policy="runs/sft/policy", problems_path="data/rl_problems.jsonl",
@@ -53,7 +55,7 @@ from training.rl_rollout import Episode, RolloutConfig, rollout_stats, run_rollo
 class RLConfig(Config):
     """One agentic-RL job."""
 
-    policy: str = Field(..., description="Start policy: save_pretrained dir or s3:// URI (normally the SFT output).")
+    policy: str = Field(..., description="Start policy (normally the SFT output): save_pretrained dir, s3://, runs:/ or models:/name@alias URI.")
     problems_path: str = Field(..., description="JSONL of Problem records; rows with split='train' are used.")
     output_dir: str = Field("runs/rl", description="Checkpoints and the final policy go here.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Group size, turns, token budgets, sampling.")
@@ -276,7 +278,9 @@ def setup_session(cfg: RLConfig) -> RLSession:
     problems = [p for p in read_problems(cfg.problems_path) if p.split == "train"]
     if not problems:
         raise ValueError(f"{cfg.problems_path}: no problems with split='train'; RL needs training problems")
-    model, tokenizer = load_policy(cfg.policy, device=str(device))
+    # A local dir is used in place; models:/name@alias, runs:/ and s3:// URIs are downloaded first.
+    policy_dir = tracking.resolve_model_uri(cfg.policy, output_dir / "start-policy")
+    model, tokenizer = load_policy(policy_dir, device=str(device))
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = warmup_schedule(optimizer, "constant", cfg.warmup_steps, total_steps=0)

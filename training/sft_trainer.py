@@ -17,7 +17,9 @@ HF Trainer is the baseline in bench/bench_sft.py.
 
 Exact resume: a checkpoint holds model, optimizer, scheduler, RNG, and the step; the row order of an epoch
 depends only on (seed, epoch), so `step` alone fixes the data position. Continuing from a checkpoint gives
-the same losses as never stopping (tests/sft/test_resume.py kills a real run with SIGKILL).
+the same losses as never stopping (tests/sft/test_resume.py kills a real run with SIGKILL). A local job
+started again after a crash resumes from `<output_dir>/checkpoints` in a NEW MLflow run (the killed run stays
+RUNNING); Ray Train worker restarts (`max_failures`) stay inside the driver's one run.
 """
 from __future__ import annotations
 

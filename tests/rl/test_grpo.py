@@ -124,7 +124,7 @@ def test_pinned_policy_loss(tiny_model):
     mask[0, :3] = 0
     lp, ent = token_logprobs(tiny_model, ids, torch.ones_like(ids), 1.0, True)
     loss, stats = policy_loss(lp, torch.full_like(lp, -5.6), torch.tensor([1.0, -0.5]), mask, entropy=ent)
-    assert float(loss) == pytest.approx(PINNED_LOSS, abs=1e-4)
+    assert float(loss.detach()) == pytest.approx(PINNED_LOSS, abs=1e-4)
     assert stats["entropy"] == pytest.approx(PINNED_ENTROPY, abs=1e-4)
 
 
