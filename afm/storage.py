@@ -272,6 +272,13 @@ class S3Store(ArtifactStore):
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
 
+def local_path(uri: str | Path) -> Path:
+    """The filesystem path of a local URI (`file:///abs` or a plain path); artifacts of a LocalStore have
+    `file://` URIs and are usable in place."""
+    text = str(uri)
+    return Path(urlparse(text).path if text.startswith("file://") else text).expanduser()
+
+
 def open_store(uri: str | Path) -> ArtifactStore:
     """A store for a local path, `file:///abs/path` or `s3://bucket/prefix`."""
     text = str(uri)

@@ -37,6 +37,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_DATASET_DIGEST_SIZE, MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH
 
 from afm.paths import afm_home
+from afm.storage import local_path
 
 REDACTED = "<redacted>"
 # Matched on whole name parts ("llm.api_key", "HF_TOKEN") so "max_tokens" or "tokenizer" are not secrets.
@@ -218,7 +219,7 @@ def resolve_model_uri(uri: str | Path, dst: Path) -> Path:
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=text, dst_path=str(dst)))
     if text.startswith("s3://"):
         return _download_s3_model(text, dst)
-    path = Path(text).expanduser()
+    path = local_path(text)
     if not path.is_dir():
         raise FileNotFoundError(f"model URI {text!r}: not a directory and not a models:/, runs:/ or s3:// URI")
     return path

@@ -152,13 +152,13 @@ def learnability(work: Path, sweep: bool) -> None:
             emit("sweep_tokens_per_s", tps, None, "tokens/s", {"hidden": hidden, "layers": layers, "max_len": MAX_LEN, "loss_after_10_steps": round(result.final_loss, 3)})
     cfg = TinyModelConfig(hidden_size=128, num_layers=2, intermediate_size=512, max_position_embeddings=MAX_LEN)
     policy, tokenizer = make_policy(work, trajectories, cfg)
-    eval_seeds = list(range(10**8, 10**8 + 30))  # never used by synthetic_trajectories for training
+    eval_seeds = list(range(10**8, 10**8 + 20))  # never used by synthetic_trajectories for training
     untrained, _ = load_policy(policy)
     before = evaluate_on_fresh_worlds(untrained, tokenizer, eval_seeds)
-    tps, result = ours_tokens_per_s(work, policy, data, 100_000, lr=3e-3, time_budget_s=150.0, schedule="constant", epochs=1)
+    tps, result = ours_tokens_per_s(work, policy, data, 300, lr=3e-3, time_budget_s=120.0, schedule="constant")
     trained, _ = load_policy(result.policy_dir)
     after = evaluate_on_fresh_worlds(trained, tokenizer, eval_seeds)
-    detail = {"hidden": 128, "layers": 2, "lr": 3e-3, "max_len": MAX_LEN, "time_budget_s": 150, "steps": result.steps,
+    detail = {"hidden": 128, "layers": 2, "lr": 3e-3, "max_len": MAX_LEN, "time_budget_s": 120, "steps": result.steps,
               "final_loss": round(result.final_loss, 3), "before": before, "after": after, "eval_worlds": len(eval_seeds)}
     emit("learn_accuracy_fresh_worlds", after["accuracy"], before["accuracy"], "share", detail)
     emit("learn_format_valid", after["format_valid"], before["format_valid"], "share", detail)

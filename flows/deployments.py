@@ -102,5 +102,6 @@ def register_deployments(work_pool: str, recipe: Path = DEFAULT_RECIPE) -> dict[
             name=spec.name, work_pool_name=work_pool, schedules=schedules,
             parameters=deployment_parameters(spec, recipe_data), description=spec.description,
             tags=["afm"] + (["scheduled"] if spec.cron else []), print_next_steps=False,
+            ignore_warnings=True,  # the "use .serve for local development" hint; a worker is what we want
         ))
     return ids

@@ -50,10 +50,11 @@ def pipeline_flow(config: PipelineConfig = PipelineConfig()) -> dict:
     base = base_policy_task(config.policy, dataset, store)
     sft = sft_flow(SFTFlowConfig(store_uri=store, sft=config.sft.model_copy(
         update={"model_path": base, "dataset": dataset["uri"]})))
+    sft_model = registry_uri(sft, config.sft.registered_model_name)
+    # RL starts from the registered SFT version, so the RL model's lineage links to it (afm lineage).
     rl = rl_flow(RLFlowConfig(store_uri=store, dataset_uri=dataset["uri"], rl=config.rl.model_copy(
-        update={"policy": sft["uri"]})))
-    models = {"untrained": base, "sft": registry_uri(sft, config.sft.registered_model_name),
-              "rl": registry_uri(rl, config.rl.registered_model_name)}
+        update={"policy": sft_model})))
+    models = {"untrained": base, "sft": sft_model, "rl": registry_uri(rl, config.rl.registered_model_name)}
     report = evaluate_flow(EvalFlowConfig(store_uri=store, dataset_uri=dataset["uri"], eval=config.eval.model_copy(
         update={"models": {**models, **config.eval.models}})))
     summary = {

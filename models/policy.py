@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from afm.storage import open_store
+from afm.storage import local_path, open_store
 
 
 def _load_local(path: Path, dtype: torch.dtype | None, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -39,7 +39,7 @@ def load_policy(
     """(model, tokenizer) from a local save_pretrained directory or an `s3://.../<artifact>` URI."""
     text = str(path_or_uri)
     if not text.startswith("s3://"):
-        return _load_local(Path(text), dtype, device)
+        return _load_local(local_path(text), dtype, device)
     # A store rooted at the parent prefix holds the artifact under its last path component; the resulting
     # object keys are the same whichever split of the prefix is chosen.
     root, _, name = text.rstrip("/").rpartition("/")

@@ -41,7 +41,9 @@ from tqdm import tqdm
 
 from afm import tracking
 from afm.config import Config
+from afm.storage import sha256_file
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
+from evaluation.lineage import lineage_tags
 from models.engines.hf import HFEngine
 from models.policy import load_policy, save_policy
 from problems.records import Problem, read_problems
@@ -55,8 +57,10 @@ from training.rl_rollout import Episode, RolloutConfig, rollout_stats, run_rollo
 class RLConfig(Config):
     """One agentic-RL job."""
 
-    policy: str = Field(..., description="Start policy (normally the SFT output): save_pretrained dir, s3://, runs:/ or models:/name@alias URI.")
-    problems_path: str = Field(..., description="JSONL of Problem records; rows with split='train' are used.")
+    policy: str = Field("", description="Start policy (normally the SFT output): save_pretrained dir, s3://, runs:/ or "
+                                        "models:/name@alias URI ('' only where the pipeline fills it in).")
+    problems_path: str = Field("", description="JSONL of Problem records; rows with split='train' are used "
+                                               "('' only where the pipeline fills it in).")
     output_dir: str = Field("runs/rl", description="Checkpoints and the final policy go here.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Group size, turns, token budgets, sampling.")
     toolbox: ToolboxConfig = Field(default_factory=lambda: ToolboxConfig(tools=["code"]), description="Tools the policy may call.")
@@ -378,8 +382,10 @@ def train_rl(cfg: RLConfig) -> RLResult:
             tracking.log_figure(fig, "reward_curve.png")
             fig.savefig(output_dir / "reward_curve.png")
         (output_dir / "history.json").write_text(json.dumps(history, indent=1))
-        version = tracking.register_model(model_dir, cfg.registered_model_name,
-                                          tags={"stage": "rl", "steps": len(history), "source_policy": cfg.policy})
         run_id = run.info.run_id
+        # Lineage: the parent is the start policy (a models:/ URI when it came from the registry) and the
+        # data is the RL problem set, identified by its sha256.
+        tags = lineage_tags("rl", run_id, cfg.policy, "", cfg.problems_path, sha256_file(Path(cfg.problems_path)))
+        version = tracking.register_model(model_dir, cfg.registered_model_name, tags={**tags, "steps": len(history)})
     # Cleanup: on CPU the engine shares the learner's module and tools hold no processes between calls.
     return RLResult(model_dir=model_dir, run_id=run_id, model_version=version, history=history)

@@ -53,8 +53,10 @@ from training.sft_tracking import StepMetricsLogger, finish_sft_run, resolve_dat
 class SFTConfig(Config):
     """One SFT job: model, data, optimisation, budget, checkpoints, tracking."""
 
-    model_path: str = Field(..., description="Policy to fine-tune: a save_pretrained directory or s3:// artifact URI.")
-    dataset: str = Field(..., description="Trajectories: an artifact (dir or s3:// URI with manifest.json) or a .jsonl file.")
+    model_path: str = Field("", description="Policy to fine-tune: a save_pretrained directory or s3:// artifact URI "
+                                            "('' only where the pipeline fills it in).")
+    dataset: str = Field("", description="Trajectories: an artifact (dir or s3:// URI with manifest.json) or a .jsonl "
+                                         "file ('' only where the pipeline fills it in).")
     dataset_file: str = Field("train.jsonl", description="File inside the dataset artifact that holds the trajectories.")
     system_prompt: str | None = Field(None, description="System prompt rendered before every question (None: none).")
     max_len: int = Field(512, ge=16, description="Longest training row in tokens; longer trajectories are cut at an observation boundary.")

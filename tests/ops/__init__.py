@@ -1,0 +1,1 @@
+"""Tests of the operations layer: Prefect deployments and schedules."""
