@@ -13,6 +13,7 @@ and runs the Prefect flow in this process. A bad config exits 2 with the file an
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -20,6 +21,10 @@ from typing import Optional
 import typer
 
 from afm.config import ConfigError, load_config
+
+# The temporary Prefect server a CLI run starts must not try to phone home (there is no internet here, and
+# the telemetry errors bury the real log).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="afm-platform: train agent foundation models.")
 stack_app = typer.Typer(no_args_is_help=True, help="Local stack on 127.0.0.1: S3 (moto), MLflow, Prefect, Ray.")

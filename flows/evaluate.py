@@ -24,4 +24,5 @@ class EvalFlowConfig(Config):
 def evaluate_flow(config: EvalFlowConfig = EvalFlowConfig()) -> dict:
     report = evaluate_task(config.eval, read_dataset_manifest(config.dataset_uri), config.store_uri)
     print(report["extra"]["table"])
-    return {"report": report["uri"], "table": report["extra"]["table"], "promotion": report["extra"]["promotion"]}
+    return {"report": report["uri"], "table": report["extra"]["table"], "promotion": report["extra"]["promotion"],
+            "cached": report["cached"]}

@@ -61,6 +61,8 @@ def pipeline_flow(config: PipelineConfig = PipelineConfig()) -> dict:
         "dataset": dataset["uri"], "base_policy": base, "sft_model": sft["uri"], "rl_model": rl["uri"],
         "registered": {k: v for k, v in models.items() if v.startswith("models:/")},
         "report": report["report"], "promotion": report["promotion"], "mlflow": tracking.configure_tracking(),
+        "stages": {name: "cached" if out["cached"] else "ran" for name, out in
+                   (("distill", dataset), ("sft", sft), ("rl", rl), ("eval", report))},
         "seconds": round(time.perf_counter() - t0, 1),
     }
     print(report["table"])

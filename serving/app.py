@@ -9,8 +9,6 @@ On CPU the model runs in-process with the transformers engine (models/engines/hf
 with vLLM's own OpenAI server (or `ray.serve.llm`) for chat and keep this app for `/v1/agent`.
 Binds 127.0.0.1 unless `host` says otherwise. No authentication: put it behind a gateway before exposing it.
 """
-from __future__ import annotations
-
 import tempfile
 import time
 import uuid
@@ -18,6 +16,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
+from ray import serve
 
 from afm.config import Config
 from afm.tracking import resolve_model_uri
@@ -120,30 +119,32 @@ class AgentService:
         }
 
 
+api = FastAPI(title="afm-platform agent server")
+
+
+@serve.deployment(name="afm-agent", num_replicas=1, ray_actor_options={"num_cpus": 1})
+@serve.ingress(api)
+class AgentDeployment:
+    """The Ray Serve replica: holds one AgentService and maps the OpenAI-style routes onto it."""
+
+    def __init__(self, cfg_json: str):
+        self.service = AgentService(ServeConfig.model_validate_json(cfg_json))
+
+    @api.get("/v1/models")
+    def list_models(self):
+        return self.service.models()
+
+    @api.post("/v1/chat/completions")
+    def chat_completions(self, req: ChatRequest):
+        return self.service.chat(req)
+
+    @api.post("/v1/agent")
+    def agent(self, req: AgentRequest):
+        return self.service.agent(req)
+
+
 def run_server(cfg: ServeConfig, blocking: bool = True):
     """Start Ray Serve on cfg.host:cfg.port with one replica of the agent service; returns the app handle."""
-    from ray import serve
-
-    api = FastAPI(title="afm-platform agent server")
-
-    @serve.deployment(name="afm-agent", num_replicas=1, ray_actor_options={"num_cpus": 1})
-    @serve.ingress(api)
-    class AgentDeployment:
-        def __init__(self, cfg_json: str):
-            self.service = AgentService(ServeConfig.model_validate_json(cfg_json))
-
-        @api.get("/v1/models")
-        def list_models(self):
-            return self.service.models()
-
-        @api.post("/v1/chat/completions")
-        def chat_completions(self, req: ChatRequest):
-            return self.service.chat(req)
-
-        @api.post("/v1/agent")
-        def agent(self, req: AgentRequest):
-            return self.service.agent(req)
-
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     handle = serve.run(AgentDeployment.bind(cfg.model_dump_json()), name="afm", route_prefix="/", blocking=False)
     print(f"serving {cfg.model} as {cfg.model_name!r} at http://{cfg.host}:{cfg.port}/v1", flush=True)
