@@ -25,6 +25,9 @@ from afm.config import ConfigError, load_config
 # The temporary Prefect server a CLI run starts must not try to phone home (there is no internet here, and
 # the telemetry errors bury the real log).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# A fresh PREFECT_HOME makes that server run its migrations first, which takes 20-40 s on a busy 2-core
+# machine; Prefect's 20 s default then fails the whole run with "Timed out ... ephemeral Prefect API server".
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="afm-platform: train agent foundation models.")
 stack_app = typer.Typer(no_args_is_help=True, help="Local stack on 127.0.0.1: S3 (moto), MLflow, Prefect, Ray.")
@@ -42,6 +45,17 @@ def _load(cls, config: Optional[Path], overrides: Optional[list[str]]):
         raise typer.Exit(2) from None
 
 
+def _preflight(store_uri: str = "", paths: Optional[dict[str, str]] = None, trajectory_files: tuple[str, ...] = ()) -> None:
+    """Exit 1 within seconds when a configured server is down or a local input is missing or malformed,
+    instead of failing minutes later inside a Ray worker (see afm/preflight.py for what is checked)."""
+    from afm.preflight import check_endpoints, check_local_inputs
+
+    problems = check_endpoints(store_uri) + check_local_inputs(paths or {}, trajectory_files)
+    if problems:
+        typer.secho("preflight failed:\n" + "\n".join(f"  {p}" for p in problems), fg="red", err=True)
+        raise typer.Exit(1)
+
+
 def _print_json(data) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 
@@ -52,6 +66,7 @@ def pipeline(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Set
     from flows.pipeline import PipelineConfig, pipeline_flow
 
     cfg = _load(PipelineConfig, config, set_)
+    _preflight(cfg.store_uri)
     pipeline_flow(cfg)
 
 
@@ -60,7 +75,9 @@ def distill(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetO
     """Teacher rollouts -> CoA trajectories -> progressive filtering -> versioned SFT dataset + RL problems."""
     from flows.distill import DistillFlowConfig, distill_flow
 
-    _print_json(distill_flow(_load(DistillFlowConfig, config, set_)))
+    cfg = _load(DistillFlowConfig, config, set_)
+    _preflight(cfg.store_uri)
+    _print_json(distill_flow(cfg))
 
 
 @app.command()
@@ -68,7 +85,10 @@ def sft(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) 
     """Supervised fine-tuning on Ray Train (observation tokens masked)."""
     from flows.sft import SFTFlowConfig, sft_flow
 
-    _print_json(sft_flow(_load(SFTFlowConfig, config, set_)))
+    cfg = _load(SFTFlowConfig, config, set_)
+    _preflight(cfg.store_uri, {"sft.model_path": cfg.sft.model_path, "sft.dataset": cfg.sft.dataset},
+               (cfg.sft.dataset,))
+    _print_json(sft_flow(cfg))
 
 
 @app.command()
@@ -76,7 +96,9 @@ def rl(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) -
     """Agentic RL (GRPO/DAPO) with real tools from an SFT model."""
     from flows.rl import RLFlowConfig, rl_flow
 
-    _print_json(rl_flow(_load(RLFlowConfig, config, set_)))
+    cfg = _load(RLFlowConfig, config, set_)
+    _preflight(cfg.store_uri, {"rl.policy": cfg.rl.policy, "dataset_uri": cfg.dataset_uri})
+    _print_json(rl_flow(cfg))
 
 
 @app.command(name="eval")
@@ -84,7 +106,9 @@ def eval_(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt
     """Evaluate models and the teacher side by side; promote on improvement."""
     from flows.evaluate import EvalFlowConfig, evaluate_flow
 
-    result = evaluate_flow(_load(EvalFlowConfig, config, set_))
+    cfg = _load(EvalFlowConfig, config, set_)
+    _preflight(cfg.store_uri, {f"eval.models.{label}": uri for label, uri in cfg.eval.models.items()})
+    result = evaluate_flow(cfg)
     typer.echo(result["table"])
 
 
@@ -118,6 +142,7 @@ def deploy(work_pool: str = typer.Option("afm-process", help="Prefect process wo
     """Register every flow as a Prefect deployment (and `nightly-retrain` on its cron) on the running server."""
     from flows.deployments import register_deployments
 
+    _preflight()
     _print_json(register_deployments(work_pool))
 
 
@@ -132,6 +157,7 @@ def serve(
     from serving.app import ServeConfig, run_server
 
     cfg = _load(ServeConfig, config, (set_ or []) + [f"model={model}", f"port={port}"])
+    _preflight(paths={"model": cfg.model})
     run_server(cfg)
 
 
@@ -140,6 +166,7 @@ def lineage(model: str = typer.Argument(..., help="MLflow model URI, e.g. models
     """Print a model version's lineage: RL run -> SFT run -> dataset sha."""
     from evaluation.lineage import format_lineage, lineage as walk
 
+    _preflight()
     typer.echo(format_lineage(walk(model)))
 
 

@@ -117,6 +117,10 @@ def _python_prefixes() -> list[str]:
     return sorted(p for p in prefixes if p not in ("/", "/usr"))
 
 
+# Where the program's fresh workdir appears inside bwrap (on the sandbox's private /tmp tmpfs).
+INNER_WORKDIR = "/tmp/work"
+
+
 def _drop_privileges() -> list[str]:
     # Only root can (and needs to) switch uid; a non-root caller is already bound by RLIMIT_NPROC.
     if os.geteuid() != 0:
@@ -134,7 +138,7 @@ def _bwrap_command(workdir: Path, limits: SandboxLimits) -> list[str]:
     for prefix in _python_prefixes():
         if any(Path(prefix).is_relative_to(h) for h in limits.hidden_paths):
             cmd += ["--ro-bind", prefix, prefix]
-    cmd += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+    cmd += ["--bind", str(workdir), INNER_WORKDIR, "--chdir", INNER_WORKDIR]
     return cmd + _drop_privileges()
 
 
@@ -186,11 +190,15 @@ def run_python(code: str, limits: SandboxLimits) -> SandboxResult:
         if os.geteuid() == 0:
             os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
             os.chown(script, SANDBOX_UID, SANDBOX_UID)
-        wrapper = _bwrap_command(workdir, limits) if limits.use_bwrap and shutil.which("bwrap") else _fallback_command()
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8",
+        use_bwrap = limits.use_bwrap and shutil.which("bwrap")
+        wrapper = _bwrap_command(workdir, limits) if use_bwrap else _fallback_command()
+        # Inside bwrap the workdir always has the same path, so the same program gives the same output
+        # (tracebacks name the script's path): rollouts and the tool cache stay reproducible.
+        inner = Path(INNER_WORKDIR) if use_bwrap else workdir
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(inner), "LANG": "C.UTF-8",
                "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "TMPDIR": "/tmp",
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        command = _rlimit_command(limits) + wrapper + [sys.executable, "-I", str(script)]
+        command = _rlimit_command(limits) + wrapper + [sys.executable, "-I", str(inner / "main.py")]
         return _execute(command, workdir, env, limits)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

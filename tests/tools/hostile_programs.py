@@ -175,7 +175,7 @@ def parent_not_killed(result, ctx):
 
 
 def env_clean(result, ctx):
-    assert "AWS" not in result.stdout and "HOME=/tmp/afm-sandbox-" in result.stdout, result.stdout[:500]
+    assert "AWS" not in result.stdout and "HOME=/tmp/work" in result.stdout, result.stdout[:500]
 
 
 def subprocess_unprivileged(result, ctx):
