@@ -1,0 +1,147 @@
+"""Quality benchmark: does the `quality` preset reach the issue's targets? Runs the whole pipeline
+(`afm pipeline --config configs/quality.yaml`) under its own AFM_HOME, then reads the stage artifacts and the
+eval report and appends JSON lines to bench/results/quality.jsonl:
+    {"bench": "quality", "metric", "value", "target", "unit", "detail"}
+
+Metrics: teacher / SFT / RL accuracy on held-out-entity problems (eval set `heldout`), SFT/teacher ratio
+(target 0.7), RL - SFT points (target 5), train-entity accuracy of SFT and RL (memorization vs
+generalization), and each stage's wall time (from the manifests' created_at, which are written last).
+`detail` carries pass@k, failure shares and the SFT step count / loss, so a miss can be read off the row.
+
+Takes ~45 min on 2 cores (SFT 20 min + RL 10 min + eval). Stages are cached by config hash, so re-running
+with the same --afm-home after a crash redoes only the unfinished stage; `--no-run` only reads an existing
+AFM_HOME (e.g. one a pipeline run already filled).
+
+Run:  .venv/bin/python bench/bench_quality.py [--afm-home /tmp/afm-quality] [--config configs/quality.yaml]
+                                              [--no-run] [--set sft.time_budget_s=600 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "quality.jsonl"
+# Pipeline order: a stage's time is its manifest's created_at minus the previous stage's.
+STAGES = ("distill", "policy", "sft", "rl", "eval")
+
+
+def record(metric: str, value: float, target: float | None, unit: str, detail: dict) -> dict:
+    row = {"bench": "quality", "metric": metric, "value": round(value, 4), "target": target, "unit": unit,
+           "detail": detail}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row))
+    return row
+
+
+def run_pipeline(afm_home: Path, config: Path, overrides: list[str]) -> float:
+    """Run `afm pipeline` with AFM_HOME=afm_home; returns its start time (epoch seconds)."""
+    afm_home.mkdir(parents=True, exist_ok=True)
+    cmd = [str(ROOT / ".venv" / "bin" / "afm"), "pipeline", "--config", str(config)]
+    for item in overrides:
+        cmd += ["--set", item]
+    started = time.time()
+    log = afm_home / "pipeline.log"
+    with open(log, "a", encoding="utf-8") as out:
+        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "AFM_HOME": str(afm_home)}, stdout=out,
+                              stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"bench_quality: `{' '.join(cmd)}` exited {proc.returncode}; see {log}")
+    return started
+
+
+def newest_manifests(afm_home: Path) -> dict[str, dict]:
+    """{stage: manifest} of the newest completed artifact of each pipeline stage under afm_home."""
+    stages_dir = afm_home / "artifacts" / "stages"
+    found: dict[str, dict] = {}
+    for path in sorted(stages_dir.glob("*/manifest.json")):
+        stage = path.parent.name.rsplit("-", 1)[0]
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest["dir"] = path.parent
+        if stage in STAGES and (stage not in found or manifest["created_at"] > found[stage]["created_at"]):
+            found[stage] = manifest
+    missing = [s for s in STAGES if s not in found]
+    if missing:
+        sys.exit(f"bench_quality: no completed {missing} stage under {stages_dir}; run the pipeline first "
+                 "(drop --no-run)")
+    return found
+
+
+def stage_seconds(manifests: dict[str, dict], started: float | None) -> dict[str, float | None]:
+    """Wall seconds per stage from manifest timestamps (distill: from the pipeline start, when known)."""
+    times = [datetime.fromisoformat(manifests[s]["created_at"]).timestamp() for s in STAGES]
+    out: dict[str, float | None] = {"distill": round(times[0] - started, 1) if started else None}
+    for i, stage in enumerate(STAGES[1:], 1):
+        out[stage] = round(times[i] - times[i - 1], 1)
+    return out
+
+
+def summary_row(rows: list[dict], model: str, problem_set: str) -> dict:
+    for row in rows:
+        if row["model"] == model and row["set"] == problem_set:
+            return row
+    sys.exit(f"bench_quality: the eval summary has no row for model {model!r} on set {problem_set!r}")
+
+
+def brief(row: dict) -> dict:
+    """The parts of a summary row worth keeping in `detail`."""
+    return {k: v for k, v in row.items() if k in ("problems", "samples", "pass@1", "pass@3", "tokens/problem",
+                                                  "tool_calls/problem") or k.startswith("failure.")}
+
+
+def report(afm_home: Path, config: Path, started: float | None) -> None:
+    manifests = newest_manifests(afm_home)
+    summary = json.loads((manifests["eval"]["dir"] / "summary.json").read_text(encoding="utf-8"))["summary"]
+    sft_extra = manifests["sft"]["extra"]
+    common = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+              "afm_home": str(afm_home)}
+
+    teacher = summary_row(summary, "teacher", "heldout")
+    sft = summary_row(summary, "sft", "heldout")
+    rl = summary_row(summary, "rl", "heldout")
+    untrained = summary_row(summary, "untrained", "heldout")
+    record("teacher_heldout_accuracy", teacher["accuracy"], None, "fraction", {**brief(teacher), **common})
+    record("sft_heldout_accuracy", sft["accuracy"], None, "fraction",
+           {**brief(sft), "untrained_accuracy": untrained["accuracy"], "sft_steps": sft_extra["steps"],
+            "sft_final_loss": round(sft_extra["final_loss"], 4), **common})
+    ratio = sft["accuracy"] / teacher["accuracy"] if teacher["accuracy"] else 0.0
+    record("sft_over_teacher_heldout", ratio, 0.7, "ratio",
+           {"sft": sft["accuracy"], "teacher": teacher["accuracy"], **common})
+    record("rl_heldout_accuracy", rl["accuracy"], None, "fraction",
+           {**brief(rl), "rl_history_last": manifests["rl"]["extra"].get("history"), **common})
+    record("rl_minus_sft_heldout_points", 100 * (rl["accuracy"] - sft["accuracy"]), 5.0, "points",
+           {"rl": rl["accuracy"], "sft": sft["accuracy"], "problems": rl["problems"], "samples": rl["samples"],
+            **common})
+    for model in ("sft", "rl"):
+        row = summary_row(summary, model, "train_entities")
+        record(f"{model}_train_entities_accuracy", row["accuracy"], None, "fraction",
+               {**brief(row), "heldout_accuracy": summary_row(summary, model, "heldout")["accuracy"],
+                "note": "train entities, unseen questions: a gap over heldout = memorized names", **common})
+    seconds = stage_seconds(manifests, started)
+    for stage, value in seconds.items():
+        if value is not None:
+            record(f"stage_seconds_{stage}", value, None, "s", {"all_stages": seconds, **common})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--afm-home", type=Path, default=Path("/tmp/afm-quality"), help="AFM_HOME of the run")
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "quality.yaml", help="pipeline recipe")
+    parser.add_argument("--no-run", action="store_true", help="only read the artifacts already in --afm-home")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override key=value")
+    args = parser.parse_args()
+    config = args.config.resolve()
+    started = None if args.no_run else run_pipeline(args.afm_home, config, args.overrides)
+    report(args.afm_home.resolve(), config, started)
+
+
+if __name__ == "__main__":
+    main()
