@@ -51,7 +51,8 @@ from problems.computation import computation_problems
 from problems.humaneval import humaneval_problems
 from problems.loaders import load_problems
 from problems.records import Problem
-from training.rewards import Judge, LLMJudge, NormalizedMatchJudge
+from training.rewards import Judge
+from training.rewards import build_judge as rewards_build_judge
 from training.rl_rollout import RolloutConfig, run_rollouts
 
 CHAMPION_LABEL = "champion"  # label of the current champion's records when the gate re-evaluates it
@@ -132,19 +133,7 @@ def load_problem_set(cfg: ProblemSetConfig) -> list[Problem]:
 
 
 def build_judge(cfg: EvalConfig) -> Judge:
-    if cfg.judge == "normalized_match":
-        return NormalizedMatchJudge()
-    if not (cfg.judge_base_url and cfg.judge_model):
-        raise ValueError("EvalConfig: judge='llm' needs fields 'judge_base_url' and 'judge_model'")
-    from openai import OpenAI
-
-    client = OpenAI(base_url=cfg.judge_base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"))
-
-    def complete(messages: list[dict[str, str]]) -> str:
-        reply = client.chat.completions.create(model=cfg.judge_model, messages=messages, temperature=0.0)
-        return reply.choices[0].message.content or ""
-
-    return LLMJudge(complete)
+    return rewards_build_judge(cfg.judge, cfg.judge_base_url, cfg.judge_model)
 
 
 def rollout_config(cfg: EvalConfig) -> RolloutConfig:

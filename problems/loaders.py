@@ -20,7 +20,6 @@ Usage:
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path

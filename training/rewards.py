@@ -30,6 +30,8 @@ Usage:
 """
 from __future__ import annotations
 
+import os
+
 import ast
 import json
 import re
@@ -337,3 +339,21 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     question = (extra_info or {}).get("question", "")
     golden = list(ground_truth) if isinstance(ground_truth, (list, tuple)) else str(ground_truth)
     return score_response(data_source, strip_observations(solution_str), golden, NormalizedMatchJudge(), question).score
+
+
+def build_judge(kind: str, base_url: str, model: str) -> Judge:
+    """The judge a config names: "normalized_match" (offline default) or "llm" (an OpenAI-compatible endpoint
+    answering the JSON judge prompt; key from OPENAI_API_KEY)."""
+    if kind == "normalized_match":
+        return NormalizedMatchJudge()
+    if not (base_url and model):
+        raise ValueError("judge='llm' needs fields 'judge_base_url' and 'judge_model'")
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"))
+
+    def complete(messages: list[dict[str, str]]) -> str:
+        reply = client.chat.completions.create(model=model, messages=messages, temperature=0.0)
+        return reply.choices[0].message.content or ""
+
+    return LLMJudge(complete)

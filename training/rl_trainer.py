@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -49,7 +48,8 @@ from models.policy import load_policy, save_policy
 from problems.records import Problem, read_problems
 from training.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from training.grpo import group_advantages, informative_groups, policy_loss, token_logprobs
-from training.rewards import Judge, LLMJudge, NormalizedMatchJudge, score_response
+from training.rewards import Judge, score_response
+from training.rewards import build_judge as rewards_build_judge
 from training.lr import warmup_schedule
 from training.rl_rollout import Episode, RolloutConfig, rollout_stats, run_rollouts
 
@@ -196,19 +196,7 @@ def step_problems(problems: list[Problem], step: int, per_step: int, seed: int) 
 
 
 def build_judge(cfg: RLConfig) -> Judge:
-    if cfg.judge == "normalized_match":
-        return NormalizedMatchJudge()
-    if not (cfg.judge_base_url and cfg.judge_model):
-        raise ValueError("RLConfig: judge='llm' needs fields 'judge_base_url' and 'judge_model'")
-    from openai import OpenAI
-
-    client = OpenAI(base_url=cfg.judge_base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"))
-
-    def complete(messages: list[dict[str, str]]) -> str:
-        reply = client.chat.completions.create(model=cfg.judge_model, messages=messages, temperature=0.0)
-        return reply.choices[0].message.content or ""
-
-    return LLMJudge(complete)
+    return rewards_build_judge(cfg.judge, cfg.judge_base_url, cfg.judge_model)
 
 
 def build_engine(cfg: RLConfig, model, tokenizer, output_dir: Path):
