@@ -7,7 +7,8 @@ import torch
 
 from models.format import Segment, Trajectory, render_segments
 from models.tiny import TinyModelConfig, build_tiny_model
-from models.tokenizer import encode_trajectory, train_tokenizer
+from models.tokenizer import train_tokenizer
+from tests.conftest import memorize_trajectory
 
 torch.set_num_threads(1)
 
@@ -62,18 +63,5 @@ def tiny_model(tokenizer, tiny_cfg):
 def memorized_model(tokenizer, tiny_cfg):
     """A tiny model trained to reproduce sample_trajectory(0) (model tokens only), so greedy decoding with
     tool observations inserted is a genuine multi-turn rollout."""
-    model = build_tiny_model(tiny_cfg, tokenizer)
-    ex = encode_trajectory(tokenizer, sample_trajectory(0), SYSTEM_PROMPT)
-    ids = torch.tensor([ex.input_ids])
-    labels = torch.tensor([[t if m else -100 for t, m in zip(ex.input_ids, ex.loss_mask)]])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(150):
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.01:
-            break
-    assert loss.item() < 0.05, f"memorization did not converge: loss {loss.item()}"
-    return model.eval()
+    return memorize_trajectory(build_tiny_model(tiny_cfg, tokenizer), tokenizer, sample_trajectory(0),
+                               SYSTEM_PROMPT, max_steps=150)

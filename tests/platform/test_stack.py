@@ -17,7 +17,7 @@ import pytest
 
 from afm.processes import group_members
 from afm.stack import StackConfig, StackError, stack_down, stack_status, stack_up
-from tests.platform.conftest import free_port
+from tests.conftest import free_port
 
 FLOW_SCRIPT = textwrap.dedent('''
     import os

@@ -99,9 +99,9 @@ def test_unknown_shape_and_missing_file_say_what_to_do(tmp_path):
 
 
 @pytest.mark.integration
-def test_loads_from_s3(tmp_path, s3_client):
-    s3_client.create_bucket(Bucket="datasets")
-    s3_client.put_object(Bucket="datasets", Key="gsm8k/test.jsonl",
+def test_loads_from_s3(tmp_path, s3_env):
+    s3_env.create_bucket(Bucket="datasets")
+    s3_env.put_object(Bucket="datasets", Key="gsm8k/test.jsonl",
                          Body=b'{"question": "q", "answer": "#### 9"}\n{"question": "r"}\n')
     rep = load_problems("s3://datasets/gsm8k/test.jsonl")
     assert [p.answers for p in rep.problems] == [["9"]]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import html
 
 import pytest
-import torch
 
 from agents.teacher.log import MASEvent, MASLog, ToolCall
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
@@ -25,6 +24,7 @@ from models.tiny import TinyModelConfig, build_tiny_model
 from models.tokenizer import decode, encode_observation, encode_trajectory, train_tokenizer
 from problems.miniweb import MiniWeb
 from problems.records import Problem
+from tests.conftest import memorize_trajectory
 from training.rl_rollout import RolloutConfig, run_rollouts
 
 SYSTEM = "You are a Chain-of-Agents model. Use tags."
@@ -53,20 +53,7 @@ def _memorize(tokenizer, traj: Trajectory):
     """Tiny 2-layer Qwen2 trained to reproduce `traj`'s model tokens (observations masked) — seconds on CPU."""
     model = build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
                                              intermediate_size=128), tokenizer)
-    ex = encode_trajectory(tokenizer, traj, SYSTEM)
-    ids = torch.tensor([ex.input_ids])
-    labels = torch.tensor([[t if m else -100 for t, m in zip(ex.input_ids, ex.loss_mask)]])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(200):
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.01:
-            break
-    assert loss.item() < 0.05, f"memorization did not converge: loss {loss.item()}"
-    return model.eval()
+    return memorize_trajectory(model, tokenizer, traj, SYSTEM, max_steps=200)
 
 
 @pytest.mark.integration  # MiniWeb serves the page on 127.0.0.1

@@ -2,18 +2,12 @@
 /v1/chat/completions) and runs the whole CoA loop behind /v1/agent."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 import requests
 
+from tests.conftest import free_port
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
