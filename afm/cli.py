@@ -172,3 +172,7 @@ def lineage(model: str = typer.Argument(..., help="MLflow model URI, e.g. models
 
 def main() -> None:  # pragma: no cover - console entry
     sys.exit(app())
+
+
+if __name__ == "__main__":
+    app()

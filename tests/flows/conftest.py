@@ -1,10 +1,5 @@
-"""Fixtures for flow tests: one temporary Prefect server for the session, a private AFM_HOME per test,
-and the smallest pipeline recipe that still runs every stage for real."""
+"""The smallest pipeline recipe that still runs every stage for real (overrides of configs/default.yaml)."""
 from __future__ import annotations
-
-import pytest
-
-from afm.config import load_config
 
 SMOKE_OVERRIDES = [
     "distill.n_worlds=2", "distill.multihop_per_world=12", "distill.n_computation=8",
@@ -17,26 +12,3 @@ SMOKE_OVERRIDES = [
     "eval.problem_sets.heldout.size=2", "eval.problem_sets.train_entities.size=2",
     "eval.problem_sets.computation.size=1", "eval.n_samples=1", "eval.ks=[1]", "eval.max_turns=2",
 ]
-
-
-@pytest.fixture(scope="session")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture
-def afm_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AFM_HOME", str(tmp_path / "afm"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("AFM_STORE_URI", raising=False)
-    return tmp_path / "afm"
-
-
-@pytest.fixture
-def smoke_config():
-    from flows.pipeline import PipelineConfig
-
-    return load_config(PipelineConfig, "configs/default.yaml", SMOKE_OVERRIDES)

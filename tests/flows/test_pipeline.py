@@ -1,50 +1,57 @@
-"""The pipeline flow end to end on the smallest recipe: every stage runs for real; after an injected failure
-in the middle stage (SFT) a re-run resumes: completed stages come from their manifests and are not redone."""
+"""The pipeline end to end through the real CLI on the smallest recipe: every stage runs for real; after a
+failure in the middle stage (SFT, here given a dataset file its artifact does not have) a re-run resumes:
+distill and the base policy come from their manifests and are not redone.
+
+The pipeline runs in subprocesses (as `make run` does), so the Ray and Ray Train sessions it starts never
+leak into the test process."""
 from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
 
 import pytest
 
-import tasks.distill
-import tasks.train
+from tests.flows.conftest import SMOKE_OVERRIDES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-class InjectedFailure(RuntimeError):
-    pass
+def run_pipeline(afm_home, extra: list[str]) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "afm.cli", "pipeline", "--config", "configs/default.yaml"]
+    for override in SMOKE_OVERRIDES + extra:
+        args += ["--set", override]
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "AFM_STORE_URI", "RAY_ADDRESS",
+                                                              "PREFECT_API_URL")}
+    env["AFM_HOME"] = str(afm_home)
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=1200)
 
 
-def test_pipeline_resumes_after_failure_in_middle_stage(prefect_server, afm_home, smoke_config, monkeypatch):
-    from flows.pipeline import pipeline_flow
+def summary_field(output: str, name: str) -> str:
+    """A field of the "Pipeline finished:" summary (printed through Prefect's logger, i.e. on stderr)."""
+    line = next(line for line in output.splitlines() if line.strip().startswith(f"{name}:"))
+    return line.split(":", 1)[1].strip()
 
-    real_train_sft = tasks.train.train_sft
-    calls = {"distill": 0}
-    real_distill = tasks.distill.distill_dataset
 
-    def counting_distill(cfg, out_dir):
-        calls["distill"] += 1
-        return real_distill(cfg, out_dir)
+def test_pipeline_resumes_after_failure_in_middle_stage(tmp_path):
+    home = tmp_path / "afm"
+    failed = run_pipeline(home, ["sft.dataset_file=missing.jsonl"])
+    assert failed.returncode != 0
+    assert "missing.jsonl" in failed.stdout + failed.stderr
+    stages = home / "artifacts" / "stages"
+    done = sorted(d.name.split("-")[0] for d in stages.iterdir() if (d / "manifest.json").is_file())
+    assert done == ["distill", "policy"], "only the stages before the failure are complete"
+    assert not [d for d in stages.iterdir() if d.name.startswith("sft-")], "a failed stage leaves no artifact"
+    distill_manifest = next(stages.glob("distill-*/manifest.json")).read_bytes()
 
-    def failing_sft(cfg):
-        raise InjectedFailure("SFT worker died")
-
-    monkeypatch.setattr(tasks.distill, "distill_dataset", counting_distill)
-    monkeypatch.setattr(tasks.train, "train_sft", failing_sft)
-    with pytest.raises(InjectedFailure):
-        pipeline_flow(smoke_config)
-    assert calls["distill"] == 1
-    store = afm_home / "artifacts" / "stages"
-    assert not [d for d in store.iterdir() if d.name.startswith("sft-")], "a failed stage must leave no artifact"
-
-    monkeypatch.setattr(tasks.train, "train_sft", real_train_sft)
-    summary = pipeline_flow(smoke_config)
-    assert calls["distill"] == 1, "the completed distill stage was redone"
-    assert summary["stages"] == {"distill": "cached", "sft": "ran", "rl": "ran", "eval": "ran"}
-    assert summary["registered"]["sft"] == "models:/afm-sft/1"
-    assert summary["promotion"]["alias"] == "champion"
+    resumed = run_pipeline(home, [])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "stages")) == {
+        "distill": "cached", "sft": "ran", "rl": "ran", "eval": "ran"}
+    assert next(stages.glob("distill-*/manifest.json")).read_bytes() == distill_manifest, "distill was redone"
+    assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "registered")) == {
+        "sft": "models:/afm-sft/1", "rl": "models:/afm-rl/1"}
+    assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "promotion"))["alias"] == "champion"
     for stage in ("distill", "policy", "sft", "rl", "eval"):
-        done = [d for d in store.iterdir() if d.name.startswith(f"{stage}-")]
-        assert len(done) == 1 and (done[0] / "manifest.json").is_file(), stage
-
-    again = pipeline_flow(smoke_config)
-    assert set(again["stages"].values()) == {"cached"}
+        assert len(list(stages.glob(f"{stage}-*/manifest.json"))) == 1, stage
