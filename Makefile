@@ -25,8 +25,13 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/afm pipeline --config $(CONFIG)
 
+# The Ray Train test runs in its own process: Ray Train's controller actor is cancelled when earlier tests
+# in the same process already started and shut down Ray sessions (seen with ray 2.60).
+RAY_TRAIN_TESTS := tests/sft/test_sft_ray.py
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=$(RAY_TRAIN_TESTS)
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider $(RAY_TRAIN_TESTS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu and not integration and not slow" -q -p no:cacheprovider
