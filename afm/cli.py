@@ -37,9 +37,13 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="YAML recipe (see configs/
 SetOpt = typer.Option(None, "--set", "-s", help="Override a field: dotted.key=value (repeatable).")
 
 
+# Sections of a whole-pipeline recipe (flows.pipeline.PipelineConfig); a stage command ignores the others'.
+PIPELINE_SECTIONS = ("distill", "policy", "sft", "rl", "eval")
+
+
 def _load(cls, config: Optional[Path], overrides: Optional[list[str]]):
     try:
-        return load_config(cls, config, overrides or [])
+        return load_config(cls, config, overrides or [], other_sections=PIPELINE_SECTIONS)
     except ConfigError as exc:
         typer.secho(f"config error:\n{exc}", fg="red", err=True)
         raise typer.Exit(2) from None

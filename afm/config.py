@@ -83,9 +83,18 @@ def validate_config(cls: type[T], data: dict[str, Any], source: str) -> T:
         raise ConfigError("\n".join(lines)) from None
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Read YAML `path` (optional), apply `key=value` overrides, validate as `cls`."""
+def load_config(
+    cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+    other_sections: tuple[str, ...] = (),
+) -> T:
+    """Read YAML `path` (optional), apply `key=value` overrides, validate as `cls`.
+
+    Top-level keys named in `other_sections` that `cls` has no field for are dropped from the file: a stage
+    command (`afm distill`) then reads its own sections from a whole-pipeline recipe. Any other unknown key is
+    still an error.
+    """
     data = read_yaml(path) if path else {}
+    data = {k: v for k, v in data.items() if k in cls.model_fields or k not in other_sections}
     if overrides:
         data = _merge(data, parse_overrides(overrides))
     source = str(path) if path else "overrides"

@@ -56,6 +56,28 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_shipped_recipes_validate():
     from flows.pipeline import PipelineConfig
 
-    for recipe in ("configs/default.yaml", "configs/qwen7b-cluster.yaml"):
+    for recipe in ("configs/default.yaml", "configs/quality.yaml", "configs/qwen7b-cluster.yaml"):
         cfg = load_config(PipelineConfig, recipe)
         assert cfg.eval.problem_sets, recipe
+
+
+def test_stage_command_reads_its_section_of_a_pipeline_recipe(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("inner:\n  lr: 0.5\nsft:\n  lr: 1.0\nnmae: typo\n")
+    with pytest.raises(ConfigError, match=r"field 'nmae': Extra inputs"):   # unknown keys still fail
+        load_config(Outer, path, other_sections=("sft",))
+    path.write_text("inner:\n  lr: 0.5\nsft:\n  lr: 1.0\n")
+    assert load_config(Outer, path, other_sections=("sft",)).inner.lr == 0.5
+
+
+def test_every_stage_command_accepts_the_shipped_pipeline_recipes():
+    from afm.cli import PIPELINE_SECTIONS
+    from flows.distill import DistillFlowConfig
+    from flows.evaluate import EvalFlowConfig
+    from flows.rl import RLFlowConfig
+    from flows.sft import SFTFlowConfig
+
+    for recipe in ("configs/default.yaml", "configs/quality.yaml"):
+        assert load_config(DistillFlowConfig, recipe, other_sections=PIPELINE_SECTIONS).distill.n_worlds > 0
+        for cls in (SFTFlowConfig, RLFlowConfig, EvalFlowConfig):
+            load_config(cls, recipe, other_sections=PIPELINE_SECTIONS)
