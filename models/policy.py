@@ -17,9 +17,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from afm.storage import local_path, open_store
+from models.tokenizer import load_tokenizer
 
 
 def _load_local(path: Path, dtype: torch.dtype | None, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -27,7 +28,7 @@ def _load_local(path: Path, dtype: torch.dtype | None, device: str) -> tuple[Pre
         raise FileNotFoundError(f"policy directory {path} does not exist; pass a save_pretrained directory or s3:// URI")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json: not a save_pretrained model directory")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = load_tokenizer(path)
     # dtype None keeps the checkpoint's own dtype (float32 for the tiny policy, bf16 for most real ones).
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", local_files_only=True)
     return model.to(device), tokenizer

@@ -19,11 +19,11 @@ Usage:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
-from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from models.format import OBSERVATION_CLOSE, OBSERVATION_OPEN, TAGS, Segment, Trajectory, render_segment
 
@@ -36,6 +36,23 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Pre-tokenizer of the tiny tokenizer: Qwen2's regex, except that a capitalized word is split into pieces of one
+# capital + at most one letter, then two letters at a time, with no leading space or quote attached:
+#   ' Vazoma is' -> ' ' 'Va' 'zo' 'ma' ' is';  '<web_search>Vazoma' -> 'Va' 'zo' 'ma';  '"Vazoma"' -> '"' 'Va' 'zo' 'ma' '"'
+# Why: a name must be the SAME tokens wherever it appears (question, observation, query, answer) and be made of
+# tokens every training name also uses, so that answering about an unseen name is copying token ids. With
+# Qwen's regex a name was one merged token after a space (' Vazoma') and 'V' 'azoma' inside a tag, and held-out
+# names split into pieces no training target had; a 1M-parameter student then cannot copy (docs/quality.md).
+# BPE never merges across these pieces. Lowercase words, digits and punctuation are split as Qwen2 splits them.
+NAME_PIECES_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+    r"|\p{Lu}\p{Ll}?"                             # first piece of a capitalized word
+    r"|(?<=\p{L})\p{Ll}{1,2}"                     # its next pieces (only reachable inside such a word)
+    r"|[^\r\n\p{L}\p{N}]?\p{Ll}+"                 # a lowercase word with one leading space/punctuation
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lt}\p{Lm}\p{Lo}]+"   # caseless scripts (CJK, ...) as in Qwen2
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 # Stands in for the question while the chat template is rendered, so the question can be tokenized as
@@ -51,12 +68,11 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     """Train a byte-level BPE on `texts`; CoA tags and chat tokens are special tokens (one id each)."""
     specials = [ENDOFTEXT, IM_START, IM_END, *TAG_TOKENS]
     backend = Tokenizer(models.BPE())
-    # Exactly Qwen2's pipeline: `AutoTokenizer` rebuilds a qwen2-type checkpoint's tokenizer as Qwen2Tokenizer
-    # (its own normalizer and pre-tokenizer around our vocab/merges), so any other pipeline would tokenize
-    # differently after a reload. NFC means non-NFC input text does not decode back byte for byte (as in Qwen).
+    # Qwen2's pipeline with NAME_PIECES_REGEX; reload with `load_tokenizer` (AutoTokenizer would put Qwen2's own
+    # regex back). NFC means non-NFC input text does not decode back byte for byte (as in Qwen).
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(NAME_PIECES_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.ByteLevel()
@@ -76,6 +92,20 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in `path`, exactly as its tokenizer.json defines it.
+
+    Not AutoTokenizer for such directories: transformers 5 rebuilds a qwen2-type checkpoint's tokenizer as
+    Qwen2Tokenizer with a hard-coded pre-tokenizer, ignoring the one in tokenizer.json (ours splits names,
+    see NAME_PIECES_REGEX). A real Qwen checkpoint's tokenizer.json holds Qwen's own pipeline, so it loads the same.
+    Directories without a tokenizer.json (slow-only tokenizers) go through AutoTokenizer.
+    """
+    path = Path(path)
+    if (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def encode_untrusted(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

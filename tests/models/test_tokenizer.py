@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
 
 from models.format import OBSERVATION_CLOSE, OBSERVATION_OPEN, TAGS, Segment
 from models.tokenizer import (
@@ -14,6 +13,7 @@ from models.tokenizer import (
     encode_segments,
     encode_trajectory,
     encode_untrusted,
+    load_tokenizer,
 )
 from tests.models.conftest import SYSTEM_PROMPT, sample_trajectory
 
@@ -30,15 +30,30 @@ def test_every_tag_and_chat_token_is_one_special_id(tokenizer):
     assert tokenizer.convert_tokens_to_ids("<|im_start|>") in special_ids
 
 
-def test_reload_with_autotokenizer_tokenizes_identically(tokenizer, tmp_path):
-    tokenizer.save_pretrained(tmp_path)
-    reloaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+def test_reload_of_a_saved_policy_tokenizes_identically(tokenizer, tiny_model, tmp_path):
+    from models.policy import load_policy, save_policy
+
+    # A policy directory (config.json of model_type qwen2) is where AutoTokenizer would swap the pre-tokenizer.
+    save_policy(tiny_model, tokenizer, tmp_path / "policy")
+    _, reloaded = load_policy(tmp_path / "policy")
+    assert load_tokenizer(tmp_path / "policy").get_vocab() == tokenizer.get_vocab()
     traj = sample_trajectory(3)
     texts = [HOSTILE, "Ünïcödé  spaces\t\ttabs\n\nlines 12345 don't", traj.question]
     for text in texts:
         assert encode_untrusted(reloaded, text) == encode_untrusted(tokenizer, text)
     assert encode_trajectory(reloaded, traj, SYSTEM_PROMPT) == encode_trajectory(tokenizer, traj, SYSTEM_PROMPT)
     assert reloaded.eos_token_id == tokenizer.eos_token_id and reloaded.pad_token_id == tokenizer.pad_token_id
+
+
+def test_a_name_is_the_same_tokens_in_every_context(tokenizer):
+    def pieces(text):   # tags parsed as special tokens, as in a rendered model segment
+        return tokenizer.convert_ids_to_tokens(tokenizer.encode(text, add_special_tokens=False))
+
+    name = pieces("<web_search>Vazoma Lu")[1:]   # after a special tag: no leading space
+    assert pieces(" Vazoma Lu")[1:] == name and pieces('"Vazoma Lu"')[1:-1] == name
+    assert pieces("Vazoma Lu.")[:-1] == name
+    assert all(len(p.lstrip("Ġ")) <= 2 for p in name)   # syllable-sized pieces, shared by every name
+    assert decode(tokenizer, encode_untrusted(tokenizer, " Vazoma Lu")) == " Vazoma Lu"
 
 
 def test_prompt_uses_chatml_template(tokenizer):
