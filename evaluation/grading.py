@@ -69,7 +69,7 @@ def episode_status(ep: Episode) -> str:
 
 
 def _record(model: str, problem_set: str, problem: Problem, prediction: str, verdict: JudgeResult, steps: int,
-            tokens: int, tool_calls: int, status: str, sample: int) -> EvalRecord:
+            tokens: int, tool_calls: int, status: str, sample: int, transcript: str = "") -> EvalRecord:
     golden = split_answers(problem.answers)
     is_code = problem.family == "humaneval"
     return EvalRecord(
@@ -78,7 +78,7 @@ def _record(model: str, problem_set: str, problem: Problem, prediction: str, ver
         em=float(verdict.correct) if is_code else exact_match(prediction, golden),
         f1=float(verdict.correct) if is_code else token_f1(prediction, golden),
         steps=steps, tokens=tokens, tool_calls=tool_calls, status=status,
-        failure=failure_category(status, verdict.correct), sample=sample,
+        failure=failure_category(status, verdict.correct), sample=sample, transcript=transcript,
     )
 
 
@@ -87,7 +87,7 @@ def episode_to_record(ep: Episode, model: str, problem_set: str, judge: Judge, l
     verdict = grade_prediction(ep.problem, prediction, judge, limits)
     return _record(model, problem_set, ep.problem, prediction, verdict, steps=ep.turns,
                    tokens=len(ep.prompt_ids) + len(ep.response_ids), tool_calls=len(ep.tool_calls),
-                   status=episode_status(ep), sample=ep.sample_index)
+                   status=episode_status(ep), sample=ep.sample_index, transcript=ep.response_text)
 
 
 def mas_log_to_record(log: MASLog, problem: Problem, problem_set: str, judge: Judge, limits: SandboxLimits,

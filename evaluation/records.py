@@ -35,6 +35,7 @@ class EvalRecord:
     status: str         # how the episode ended: answered, format_error, max_turns, length, tool_error, no_answer
     failure: str        # evaluation.metrics.failure_category(status, correct)
     sample: int         # sample index 0..n-1 (for pass@k)
+    transcript: str = ""  # the episode as the model saw it (generated turns + observations); teacher: ""
 
     @property
     def correct(self) -> bool:

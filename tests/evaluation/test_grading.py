@@ -55,10 +55,11 @@ def test_episode_record_fields_and_humaneval_prediction_from_last_code_call():
                  model_text=f"<code>```python\n{solution}```</code><answer>done</answer>",
                  tool_calls=[ToolCall("code", "```python\nprint(1)\n```", "ok", 0.1),
                              ToolCall("code", f"```python\n{solution}```", "ok", 0.1)],
-                 turns=3, status="answered")
+                 turns=3, status="answered", pieces=["<code>x</code>", "<observation>ok</observation>"])
     assert episode_prediction(problem, ep) == f"```python\n{solution}```"
     rec = episode_to_record(ep, "sft", "humaneval", NormalizedMatchJudge(), LIMITS)
     assert rec.correct and rec.tokens == 40 and rec.tool_calls == 2 and rec.steps == 3 and rec.sample == 2
+    assert rec.transcript == "<code>x</code><observation>ok</observation>"   # readable in episodes.jsonl
     assert rec.failure == "correct" and rec.em == 1.0
 
 
