@@ -15,6 +15,7 @@ from afm.config import Config
 from afm.storage import open_store
 from models.format import read_jsonl, render_segments
 from models.tiny import TinyModelConfig, create_default_policy
+from models.tokenizer import NAME_PIECES_REGEX
 from problems.miniweb import serve_corpus
 from tasks.stages import default_store_uri, directory_files, retry_on_transient, run_stage, stage_key
 from training.rl_trainer import RLConfig, train_rl
@@ -52,7 +53,8 @@ def base_policy_task(cfg: BasePolicyConfig, dataset: dict, store_uri: str = "") 
     dataset) and stored as an artifact."""
     if cfg.base_model:
         return cfg.base_model
-    key = stage_key("policy", cfg, {"dataset": dataset["digest"]})
+    # The pre-tokenizer is part of the key: a policy built with another one must not be reused from the cache.
+    key = stage_key("policy", cfg, {"dataset": dataset["digest"], "pretokenizer": NAME_PIECES_REGEX})
 
     def produce(work_dir: Path):
         data = fetch(dataset["uri"], work_dir / "dataset")
