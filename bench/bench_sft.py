@@ -14,7 +14,7 @@ How things are counted. tokens/s = real (non-pad) tokens of the examples trained
 time (forward + backward + optimizer, data collation included, setup excluded); for HF Trainer it is the
 examples' real tokens consumed / `train_runtime`. Achieved FLOP/s = 6 x (all parameters, embedding
 included) x tokens/s: the usual dense-transformer estimate (2 forward + 4 backward FLOPs per parameter
-per token), attention score FLOPs ignored (small at these lengths). Peak = fp32 `torch.mm` of 2048^2
+per token), attention score FLOPs ignored (an undercount at max_len 1024). Peak = fp32 `torch.mm` of 2048^2
 matrices on the same threads (2 n^3 FLOPs per product).
 """
 from __future__ import annotations
