@@ -257,7 +257,12 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMet
     loss, step = float("nan"), parts.start_step
     elapsed_s, order_epoch, order = parts.elapsed_s, -1, []
     total_tokens, loop_start = 0.0, time.perf_counter()
-    bar = tqdm(total=parts.total_steps, initial=step, desc="sft", disable=ctx.rank != 0)
+    # Under a time budget the budget, not max_steps, usually ends the run: the bar then counts seconds, so its
+    # ETA is the real one (a step bar would show hours for a 30-minute run).
+    timed = cfg.time_budget_s is not None
+    bar = tqdm(total=cfg.time_budget_s if timed else parts.total_steps, initial=elapsed_s if timed else step,
+               desc="sft", unit="s" if timed else "it", disable=ctx.rank != 0,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]" if timed else None)
     while step < parts.total_steps:
         tick = time.perf_counter()
         epoch = step // parts.steps_per_epoch
@@ -282,8 +287,8 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMet
         }
         if logger is not None:
             logger.log(metrics, step)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.4f}")
+        bar.update(seconds if timed else 1)
+        bar.set_postfix(step=step, loss=f"{loss:.4f}")
         final = step == parts.total_steps
         checkpoint_due, report_due = step % cfg.checkpoint_every == 0, step % cfg.report_every == 0
         if checkpoint_due and not final:  # a checkpoint report doubles as the progress report
