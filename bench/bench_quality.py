@@ -9,7 +9,7 @@ generalization), and each stage's wall time (distill: its own count; the others:
 `detail` carries pass@k, failure shares, the SFT step count / loss and the last RL step's metrics, so a miss
 can be read off the row.
 
-Takes ~45 min on 2 cores (SFT 20 min + RL 10 min + eval). Stages are cached by config hash, so re-running
+Takes ~50 min on 2 cores (distill ~2 min + SFT 29 min + RL 15 min + eval ~2 min). Stages are cached by config hash, so re-running
 with the same --afm-home after a crash redoes only the unfinished stage; `--no-run` only reads an existing
 AFM_HOME (e.g. one a pipeline run already filled).
 
