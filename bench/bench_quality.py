@@ -9,9 +9,9 @@ generalization), and each stage's wall time (distill: its own count; the others:
 `detail` carries pass@k, failure shares, the SFT step count / loss and the last RL step's metrics, so a miss
 can be read off the row.
 
-Takes ~50 min on 2 cores (distill ~2 min + SFT 29 min + RL 15 min + eval ~2 min). Stages are cached by config hash, so re-running
-with the same --afm-home after a crash redoes only the unfinished stage; `--no-run` only reads an existing
-AFM_HOME (e.g. one a pipeline run already filled).
+Takes ~52 min on 2 cores (distill ~1 min + SFT 29 min + RL 19 min + eval ~2 min). Stages are cached by config
+hash, so re-running with the same --afm-home after a crash redoes only the unfinished stage; `--no-run` only
+reads an existing AFM_HOME (e.g. one a pipeline run already filled).
 
 Run:  .venv/bin/python bench/bench_quality.py [--afm-home /tmp/afm-quality] [--config configs/quality.yaml]
                                               [--no-run] [--set sft.time_budget_s=600 ...]
@@ -85,8 +85,7 @@ def stage_seconds(manifests: dict[str, dict], started: float | None) -> dict[str
     cached = [started is not None and t < started for t in times]
     out = {"distill": 0.0 if cached[0] else manifests["distill"]["extra"]["counts"]["total_seconds"]}
     for i, stage in enumerate(STAGES[1:], 1):
-        previous = times[i - 1] if started is None or not cached[i - 1] else started
-        out[stage] = 0.0 if cached[i] else round(times[i] - previous, 1)
+        out[stage] = 0.0 if cached[i] else round(times[i] - max(times[i - 1], started or 0.0), 1)
     return out
 
 
