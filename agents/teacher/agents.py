@@ -153,7 +153,7 @@ class StateAgent(Agent):
 class PlanningAgent(StateAgent):
     name = "planning"
     system_prompt = ("You are the planning agent. Decompose the question into short numbered steps (one tool "
-                     "action each, naming the exact entity), ending with the answer step. If a plan exists, "
+                     "action each, naming an entity only once it is known), ending with the answer step. If a plan exists, "
                      "re-plan from what is known. Be brief.")
     request = "Write the plan."
 

@@ -223,14 +223,17 @@ class ScriptedOracleBackend:
         return f"{finding} So the answer is {answer}.\nNEXT: answer\nANSWER: {answer}"
 
     def _planning(self, problem: Problem, messages: list[dict[str, str]]) -> str:
+        # No foresight: the plan names only entities the planner was shown (question, observations so far) and
+        # leaves out crawls (whether a fact is only in a page's body shows once its snippet is read). Naming the
+        # next hop's entity before it was found taught the student to invent names instead of reading them.
         b = self._belief(problem, messages)
+        shown = messages[-1]["content"]
         items = []
         for step in problem.metadata["solution"]["steps"][b.pos:]:
             if step["tool"] == "web_search":
-                items.append(f"search {step['argument']}")
-            elif step["tool"] == "crawl_page":
-                items.append(f"read {step['argument']}")
-            else:
+                known = step["argument"] in shown
+                items.append(f"search {step['argument']}" if known else "search the name found")
+            elif step["tool"] == "code":
                 items.append("compute with code")
         items.append("answer")
         text = " ".join(f"{i}. {item}." for i, item in enumerate(items, 1))

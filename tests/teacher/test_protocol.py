@@ -44,3 +44,17 @@ def test_oracle_answers_agents_in_role(world_setup):
     assert plan.text.startswith("1. search ") and plan.text.endswith("answer.")
     with pytest.raises(ValueError, match="no known 'Question"):
         backend.complete("thinking", [{"role": "user", "content": "Question: who am I?"}], None)
+
+
+def test_plan_names_only_entities_already_shown(world_setup):
+    """A multi-hop plan must not name a later hop's entity before a search found it, nor schedule crawls."""
+    backend = ScriptedOracleBackend(OracleKnowledge(world_setup.problems), 0.0, 0.0, 0)
+    p = next(p for p in world_setup.problems if p.family == "multihop" and p.metadata["solution"]["kind"] == "bridge"
+             and len({s["argument"] for s in p.metadata["solution"]["steps"] if s["tool"] == "web_search"}) > 1)
+    searches = [s["argument"] for s in p.metadata["solution"]["steps"] if s["tool"] == "web_search"]
+    later = [a for a in searches if a not in p.question]
+    assert later, "fixture problem should have an entity that is not in the question"
+    plan = backend.complete("planning", [{"role": "user", "content": f"Question: {p.question}\nState:\n\nWrite the plan."}],
+                            None).text
+    assert plan.startswith(f"1. search {searches[0]}.") and "search the name found" in plan
+    assert not any(a in plan for a in later) and "read " not in plan
