@@ -4,8 +4,8 @@ Pipeline (plain functions, no Ray/Prefect):
     examples, report = build_examples(trajectories, tokenizer, system_prompt, max_len)
     rows = pack_examples(examples, max_len) if pack else [[e] for e in examples]
     order = epoch_row_order(len(rows), seed, epoch)
-    batch = collate_rows([rows[i] for i in order[:4]], pad_id=tokenizer.pad_token_id)   # tensors
-    loss_sum, n_targets = token_loss_sum(model, batch)
+    batch = collate_rows([rows[i] for i in order[:4]])     # one flat (1, N) sequence of the rows' examples
+    loss_sum, n_targets = token_loss_sum(model, batch), count_targets(batch)
 
 Labels. `labels[t] = input_ids[t]` where the model wrote token t (loss mask 1) and -100 on the prompt and on
 EVERY observation token (tags and newlines included), as `models.tokenizer.encode_trajectory` masks them.
@@ -19,18 +19,19 @@ call included: the loss mask tells where observations end, not where segments in
 and that works for any tokenizer, tiny or Qwen). An example whose prompt, first model turn and first
 observation already exceed `max_len` cannot be cut and is dropped; `DataReport` counts both cases.
 
-Packing: why position_ids and no attention mask. Examples are packed best-fit-decreasing into rows of at
-most `max_len` tokens; `position_ids` restart at 0 for each example. transformers 5.24 (`masking_utils.
-find_packed_sequence_indices`) turns restarting position_ids into a block-diagonal causal mask for the
-sdpa and eager kernels (verified on CPU: each packed example's logits equal its logits alone, see
-tests/sft/test_sft_data.py), and flash-attention-2 on GPU reads the same position_ids as varlen
-cu_seqlens. A hand-built 4D mask would also work on sdpa/eager, but flash-attention ignores 4D masks
-and a dense (T x T) mask per row costs memory at long cutoffs; position_ids are one code path for all
-kernels. Two conditions are REQUIRED for transformers to honour them, and `model_inputs` guarantees
-both: `attention_mask=None` and `use_cache=False` (with a KV cache or an explicit 2D mask transformers
-silently falls back to one causal mask over the whole row, letting examples attend to each other).
-Row padding continues the last example's positions, so pad tokens are part of the last block, which
-the real tokens never see (causal) and which carries no labels.
+Packing and the flat micro-batch. Examples are packed best-fit-decreasing into rows of at most `max_len`
+tokens (rows are the unit of shuffling, resume and data parallelism). A micro-batch of rows is collated into
+ONE flat sequence (1, N) of its examples, no padding, with `position_ids` restarting at 0 per example. The
+trainer's model runs `models.packed_attention` (one causal sdpa call per example: cost sum(L_i^2), not N^2);
+with stock sdpa/eager, transformers 5 (`masking_utils.find_packed_sequence_indices`) turns the same restarting
+position_ids into a block-diagonal causal mask, so the result is the same, only slower (tests/sft/
+test_sft_data.py checks both against each example alone), and flash-attention-2 on GPU reads them as varlen
+cu_seqlens. `model_inputs` passes `attention_mask=None` and `use_cache=False`: with a KV cache or a 2D mask
+transformers silently falls back to one causal mask over the whole sequence, letting examples see each other.
+
+Only target positions reach the LM head. `token_loss_sum` asks the model for the logits of the positions whose
+next token carries a label (`logits_to_keep`); prompt and observation positions (~60% of CoA tokens) never pay
+for the (hidden x vocab) projection and the softmax. The loss is the same sum (tested).
 """
 from __future__ import annotations
 
@@ -171,31 +172,27 @@ def epoch_row_order(n_rows: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n_rows, generator=generator).tolist()
 
 
-def collate_rows(rows: Sequence[Sequence[SFTExample]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Rows of examples -> `input_ids`, `labels`, `position_ids` (B, T), T = the longest row.
+def collate_rows(rows: Sequence[Sequence[SFTExample]]) -> dict[str, torch.Tensor]:
+    """Rows of examples -> ONE flat sequence: `input_ids`, `labels`, `position_ids` of shape (1, N), no padding.
 
-    Positions restart at 0 per example; the pad tail continues the last example's positions (module doc).
+    Positions restart at 0 per example (module doc); N = the examples' total length.
     """
-    width = max(sum(len(e) for e in row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        start = 0
-        for example in row:
-            end = start + len(example)
-            input_ids[r, start:end] = torch.tensor(example.input_ids)
-            labels[r, start:end] = torch.tensor(example.labels)
-            position_ids[r, start:end] = torch.arange(len(example))
-            start = end
-        last_len = len(row[-1])
-        position_ids[r, start:] = torch.arange(last_len, last_len + width - start)
-    return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+    examples = [example for row in rows for example in row]
+    return {
+        "input_ids": torch.tensor([[t for e in examples for t in e.input_ids]], dtype=torch.long),
+        "labels": torch.tensor([[t for e in examples for t in e.labels]], dtype=torch.long),
+        "position_ids": torch.cat([torch.arange(len(e)) for e in examples]).unsqueeze(0),
+    }
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict:
-    """Forward kwargs that make transformers build the per-example (block-diagonal) causal mask."""
+    """Forward kwargs that keep packed examples apart (restarting positions, no 2D mask, no KV cache)."""
     return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": None, "use_cache": False}
+
+
+def target_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Positions t of the flat sequence whose next token t+1 carries a label (what the loss predicts from)."""
+    return (batch["labels"][0, 1:] != IGNORE_INDEX).nonzero().flatten()
 
 
 def count_targets(batch: dict[str, torch.Tensor]) -> int:
@@ -209,10 +206,7 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     Summing (not averaging) per micro-batch is what makes gradient accumulation and data parallelism
     token-weighted: every target token of a step counts once, whatever micro-batch or worker it landed in.
     """
-    logits = model(**model_inputs(batch)).logits
-    shifted_logits = logits[:, :-1].float()
-    targets = batch["labels"][:, 1:].to(shifted_logits.device)
-    return F.cross_entropy(
-        shifted_logits.reshape(-1, shifted_logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
+    keep = target_positions(batch)
+    logits = model(**model_inputs(batch), logits_to_keep=keep.to(batch["input_ids"].device)).logits[0].float()
+    targets = batch["labels"][0, keep + 1].to(logits.device)
+    return F.cross_entropy(logits, targets, reduction="sum")

@@ -8,8 +8,9 @@ accumulation, clipping, checkpoints, metrics) -> final checkpoint + policy -> `c
     cfg = load_config(SFTConfig, "configs/sft.yaml", overrides=["max_steps=100"])
     result = run_sft_local(cfg)      # result.policy_dir, result.final_loss, result.model_version
 
-Why a plain loop and not HF Trainer/TRL: packing here relies on exact control of the forward call
-(`position_ids`, `attention_mask=None`, `use_cache=False`, see training/sft_data.py), the loss is summed
+Why a plain loop and not HF Trainer/TRL: packing here relies on exact control of the forward call (one flat
+sequence per micro-batch, restarting `position_ids`, per-example attention, logits only where a label is, see
+training/sft_data.py), the loss is summed
 per token and divided by the step's global target count (token-weighted across micro-batches and workers),
 resume must restore the exact data position of a deterministic row order, and a wall-clock budget must stop
 all workers at the same step. Each of those is a few lines here and a fight with callbacks there. The padded
@@ -40,6 +41,7 @@ from tqdm import tqdm
 
 from afm.config import Config
 from models.format import read_jsonl
+from models.packed_attention import PACKED_ATTENTION
 from models.policy import load_policy, save_policy
 from training.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint, unwrap_model
 from training.lr import warmup_schedule
@@ -163,6 +165,7 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     """Seed, load the policy and data, pack rows, build optimizer/schedule, resume from the latest checkpoint."""
     seed_everything(cfg.seed)
     model, tokenizer = load_policy(cfg.model_path, dtype=torch.float32)
+    model.set_attn_implementation(PACKED_ATTENTION)  # per-example attention over the flat micro-batch (sft_data doc)
     model = ctx.prepare_model(model.to(ctx.device))
     model.train()
     data_path, manifest = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
@@ -211,7 +214,7 @@ def step_micro_batches(
     for accum in range(cfg.grad_accum):
         offset = (accum * ctx.world_size + ctx.rank) * cfg.micro_batch
         rows = [parts.rows[i] for i in step_rows[offset:offset + cfg.micro_batch]]
-        batches.append(collate_rows(rows, parts.tokenizer.pad_token_id))
+        batches.append(collate_rows(rows))
         tokens += sum(len(example) for row in rows for example in row)
     return batches, tokens
 
