@@ -7,15 +7,19 @@ micro-batch of 8 x 1024 tokens that is 64x the work of the examples themselves. 
 causal sdpa call per example slice, so the cost is sum(L_i^2) and nothing is padded: what flash-attention-2's
 varlen kernel does on GPU from the same position_ids.
 
-    from models.packed_attention import PACKED_ATTENTION
+    from models.packed_attention import PACKED_ATTENTION, packed_attention
     model.set_attn_implementation(PACKED_ATTENTION)          # registered with transformers on import
     out = model(input_ids=ids, position_ids=pos, use_cache=False)
+    with packed_attention(model): ...                       # only inside a block (a model that also generates)
 
 Contract: position_ids restart at 0 exactly where an example starts (an example never contains position 0
 twice). Training forwards only: no KV cache, no attention mask (a given mask is ignored; the example boundaries
 are the mask). Generation keeps sdpa.
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +62,18 @@ def packed_causal_attention(
         ]
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def packed_attention(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` runs PACKED_ATTENTION inside the block and its previous attention afterwards (the RL learner's
+    model is also the rollout engine's, whose KV-cached generation needs sdpa)."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(PACKED_ATTENTION)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(previous)
 
 
 def _no_mask(*args, **kwargs) -> None:

@@ -8,7 +8,8 @@
   token-level aggregation (sum over every valid token of the batch / number of valid tokens, so long episodes
   are not down-weighted per token), optional KL to a reference policy with the k3 estimator, plus entropy and
   clip-fraction statistics. Observation and prompt tokens have mask 0 and never reach the loss.
-- `token_logprobs`: per-token log-probabilities (and entropies) of a causal LM on given ids.
+- `token_logprobs`: per-token log-probabilities (and entropies) of a causal LM on given ids, at the response
+  positions only (flat, unpadded forward; see its docstring).
 
 Why a torch learner and not TRL's GRPOTrainer: TRL is not installed here, and its trainer owns the generation
 loop (single-turn completions from a prompt dataset); a CoA episode interleaves policy tokens with tool
@@ -18,7 +19,7 @@ the ~100 lines below are the smaller, clearer option.
 
 Usage:
     adv = group_advantages(rewards.view(P, G))                       # [P, G]
-    logp, ent = token_logprobs(model, ids, attention_mask, temperature=1.0)   # [B, T-1] each
+    logp, ent = token_logprobs(model, ids, attention_mask, loss_mask, temperature=1.0)   # [B, T-1] each
     loss, stats = policy_loss(logp, old_logp, adv_per_token, loss_mask, eps_low=0.2, eps_high=0.28)
 """
 from __future__ import annotations
@@ -45,15 +46,34 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-    with_entropy: bool = True,
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+    temperature: float = 1.0, with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each next token under `model` at the sampling temperature (what the rollout engine reports
-    for a sampled token): [B, T-1] for targets input_ids[:, 1:], plus the entropy at each position."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    for a sampled token), and the entropy there, where `loss_mask` is 1: [B, T-1] each for targets
+    input_ids[:, 1:], 0 where the mask is 0.
+
+    The right-padded rows (attention_mask = a prefix of ones) run as ONE flat sequence of their real tokens,
+    position ids restarting per row, and only the masked-in positions reach the LM head: no padding, no
+    (hidden x vocab) projection for prompt and observation tokens. Under `models.packed_attention` each row
+    attends only to itself at sum(L_i^2) cost; stock sdpa/eager give the same values from the same position
+    ids through a dense block-diagonal mask."""
+    lengths = attention_mask.sum(dim=1)
+    if not torch.equal(attention_mask.cumprod(dim=1), attention_mask):
+        raise ValueError("token_logprobs needs right-padded rows (attention_mask a prefix of ones per row)")
+    rows, cols = loss_mask.nonzero(as_tuple=True)
+    offsets = torch.cumsum(lengths, dim=0) - lengths
+    flat_ids = torch.cat([input_ids[b, :n] for b, n in enumerate(lengths.tolist())])[None]
+    positions = torch.cat([torch.arange(n, device=input_ids.device) for n in lengths.tolist()])[None]
+    logits = model(input_ids=flat_ids, position_ids=positions, attention_mask=None, use_cache=False,
+                   logits_to_keep=offsets[rows] + cols).logits[0].float()
     if temperature > 0:
         logits = logits / temperature
-    return logprobs_from_logits(logits, input_ids[:, 1:], with_entropy)
+    logp, entropy = logprobs_from_logits(logits, input_ids[rows, cols + 1], with_entropy)
+    dense_logp = torch.zeros(loss_mask.shape, dtype=logp.dtype, device=logp.device).index_put((rows, cols), logp)
+    if entropy is None:
+        return dense_logp, None
+    return dense_logp, torch.zeros_like(dense_logp).index_put((rows, cols), entropy)
 
 
 def logprobs_from_logits(

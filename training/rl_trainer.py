@@ -44,6 +44,7 @@ from afm.storage import sha256_file
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
 from evaluation.lineage import lineage_tags
 from models.engines.hf import HFEngine
+from models.packed_attention import packed_attention
 from models.policy import load_policy, save_policy
 from problems.records import Problem, read_problems
 from training.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -136,8 +137,8 @@ def build_learner_batch(episodes: list[Episode], advantages: list[float], pad_id
 def batch_logprobs(model, batch: LearnerBatch, temperature: float, micro: int, device) -> torch.Tensor:
     out = []
     for s in range(0, batch.input_ids.shape[0], micro):
-        lp, _ = token_logprobs(model, batch.input_ids[s:s + micro].to(device),
-                               batch.attention_mask[s:s + micro].to(device), temperature, False)
+        lp, _ = token_logprobs(model, batch.input_ids[s:s + micro].to(device), batch.attention_mask[s:s + micro].to(device),
+                               batch.loss_mask[s:s + micro].to(device), temperature, False)
         out.append(lp.cpu())
     return torch.cat(out)
 
@@ -160,7 +161,7 @@ def update_policy(model, optimizer, scheduler, batch: LearnerBatch, old_lp: torc
             for s in range(mb.start, mb.stop, cfg.micro_batch_size):
                 sl = slice(s, min(s + cfg.micro_batch_size, mb.stop))
                 ids, att = batch.input_ids[sl].to(device), batch.attention_mask[sl].to(device)
-                lp, ent = token_logprobs(model, ids, att, cfg.rollout.temperature, True)
+                lp, ent = token_logprobs(model, ids, att, batch.loss_mask[sl].to(device), cfg.rollout.temperature, True)
                 loss, stats = policy_loss(
                     lp, old_lp[sl].to(device), batch.advantages[sl].to(device), batch.loss_mask[sl].to(device),
                     eps_low=cfg.eps_low, eps_high=cfg.eps_high,
@@ -314,12 +315,15 @@ def rl_step(s: RLSession, step: int) -> dict[str, float]:
     update: dict[str, float] = {}
     if kept:
         batch = build_learner_batch([ep for ep, _ in kept], [a for _, a in kept], tokenizer.pad_token_id)
-        old_lp = batch_logprobs(model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
-        ref_lp = None
-        if s.ref_model is not None:
-            ref_lp = batch_logprobs(s.ref_model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
+        # The learner's passes run flat sequences with per-episode attention; generation (same module) keeps sdpa.
+        with packed_attention(model):
+            old_lp = batch_logprobs(model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
+            ref_lp = None
+            if s.ref_model is not None:
+                with packed_attention(s.ref_model):
+                    ref_lp = batch_logprobs(s.ref_model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
+            update = update_policy(model, s.optimizer, s.scheduler, batch, old_lp, ref_lp, cfg, device)
         gen_mask = batch.loss_mask > 0
-        update = update_policy(model, s.optimizer, s.scheduler, batch, old_lp, ref_lp, cfg, device)
         # Token-in/token-out check: the sampler's logprobs vs the learner's recomputation before the update.
         update["rollout_logprob_abs_diff"] = float((old_lp - batch.rollout_logprobs).abs()[gen_mask].mean())
         s.engine.update_weights(model.state_dict())  # weight sync learner -> rollout engine

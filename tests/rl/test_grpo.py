@@ -1,11 +1,13 @@
 """GRPO/DAPO math on hand-computed inputs: advantages, dynamic sampling, clip-higher, masking, KL, accumulation."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
+from models.packed_attention import PACKED_ATTENTION, packed_attention
 from training.grpo import group_advantages, informative_groups, kl_k3, logprobs_from_logits, policy_loss
 from training.grpo import token_logprobs
 
@@ -98,14 +100,14 @@ def test_micro_batch_accumulation_equals_full_batch(tiny_model):
     mask = (torch.rand(4, 11) > 0.4).float()
     adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
     with torch.no_grad():
-        old, _ = token_logprobs(tiny_model, ids, att, 1.0, False)
+        old, _ = token_logprobs(tiny_model, ids, att, mask, 1.0, False)
     old = old + 0.05  # ratio != 1 so the clipping path is exercised
 
     def grads(chunks):
         tiny_model.zero_grad()
         total = float(mask.sum())
         for sl in chunks:
-            lp, _ = token_logprobs(tiny_model, ids[sl], att[sl], 1.0, False)
+            lp, _ = token_logprobs(tiny_model, ids[sl], att[sl], mask[sl], 1.0, False)
             loss, _ = policy_loss(lp, old[sl], adv[sl], mask[sl], num_valid_tokens=total)
             loss.backward()
         return [p.grad.clone() for p in tiny_model.parameters()]
@@ -116,13 +118,41 @@ def test_micro_batch_accumulation_equals_full_batch(tiny_model):
         assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("attn", [PACKED_ATTENTION, "sdpa"])
+def test_flat_masked_logprobs_equal_padded_full_forward(tiny_model, attn):
+    """token_logprobs (one flat unpadded sequence, LM head at response positions only) == log_softmax of a plain
+    right-padded forward, at every masked-in position; 0 elsewhere; same gradients."""
+    gen = torch.Generator().manual_seed(3)
+    lengths = [12, 7, 10]
+    ids = torch.randint(3, 200, (3, 12), generator=gen)
+    att = (torch.arange(12) < torch.tensor(lengths)[:, None]).long()
+    ids = ids * att  # pad id 0 after each row's end
+    mask = torch.zeros(3, 11)
+    mask[0, 4:11], mask[1, 2:4], mask[1, 5:6], mask[2, 6:9] = 1, 1, 1, 1  # responses, inside each row's length
+    with packed_attention(tiny_model) if attn == PACKED_ATTENTION else contextlib.nullcontext():
+        lp, ent = token_logprobs(tiny_model, ids, att, mask, 0.7, True)
+        lp.sum().backward()
+    flat_grads = [p.grad.clone() for p in tiny_model.parameters()]
+    tiny_model.zero_grad()
+    reference = torch.log_softmax(tiny_model(input_ids=ids, attention_mask=att).logits[:, :-1].float() / 0.7, -1)
+    ref_lp = reference.gather(-1, ids[:, 1:, None]).squeeze(-1) * mask
+    ref_ent = -(reference.exp() * reference).sum(-1) * mask
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    assert lp[mask == 0].abs().max() == 0
+    ref_lp.sum().backward()
+    for a, b in zip(flat_grads, (p.grad for p in tiny_model.parameters())):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert tiny_model.config._attn_implementation == "sdpa"  # restored after the block
+
+
 def test_pinned_policy_loss(tiny_model):
     """Regression pin: the loss of a seeded tiny model on fixed inputs. Update the pin only on purpose."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 200, (2, 10), generator=gen)
     mask = torch.ones(2, 9)
     mask[0, :3] = 0
-    lp, ent = token_logprobs(tiny_model, ids, torch.ones_like(ids), 1.0, True)
+    lp, ent = token_logprobs(tiny_model, ids, torch.ones_like(ids), mask, 1.0, True)
     loss, stats = policy_loss(lp, torch.full_like(lp, -5.6), torch.tensor([1.0, -0.5]), mask, entropy=ent)
     assert float(loss.detach()) == pytest.approx(PINNED_LOSS, abs=1e-4)
     assert stats["entropy"] == pytest.approx(PINNED_ENTROPY, abs=1e-4)
