@@ -1,12 +1,13 @@
-"""RL benchmark on CPU: batched multi-turn rollout throughput vs naive one-at-a-time generation, the RL step-time
-breakdown, and the reward curve of a short RL run. Appends JSON lines to bench/results/rl.jsonl:
+"""RL benchmark on CPU: batched multi-turn rollout throughput vs naive one-at-a-time generation, the learner's
+GRPO pass (flat episodes, per-episode attention, LM head at response tokens only) vs a plain right-padded full
+forward on distilled CoA episodes, the RL step-time breakdown, and the reward curve of a short RL run. Appends JSON lines to bench/results/rl.jsonl:
     {"bench": "rl", "metric", "value", "target", "unit", "detail"}
 
 Policy: `--policy DIR` (e.g. the pipeline's SFT output, with `--problems` JSONL), else the hand-made addition
 task of tests/rl/addition_task.py: a tiny 2-layer Qwen2 briefly SFT'd on its trajectories, solved with the
 real sandboxed `code` tool. Everything is seeded; takes ~1-3 min on 2 cores.
 
-Run:  .venv/bin/python bench/bench_rl.py [--policy DIR --problems FILE] [--rl-steps 12]
+Run:  .venv/bin/python bench/bench_rl.py [--policy DIR --problems FILE] [--rl-steps 12] [--learner-data train.jsonl]
 """
 from __future__ import annotations
 
@@ -24,11 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.tools.toolbox import ToolboxConfig, build_toolbox  # noqa: E402
+from bench_sft import distilled_trajectories  # noqa: E402
 from models.engines.hf import HFEngine  # noqa: E402
+from models.format import render_segments  # noqa: E402
+from models.packed_attention import packed_attention  # noqa: E402
 from models.policy import load_policy, save_policy  # noqa: E402
 from models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
+from models.tokenizer import encode_trajectory, train_tokenizer  # noqa: E402
 from problems.records import read_problems, write_problems  # noqa: E402
 from tests.rl.addition_task import ALL_PAIRS, addition_problem, addition_tokenizer, addition_trajectory, sft_briefly  # noqa: E402
+from training.grpo import logprobs_from_logits, policy_loss, token_logprobs  # noqa: E402
 from training.rewards import NormalizedMatchJudge, score_response  # noqa: E402
 from training.rl_rollout import RolloutConfig, rollout_stats, run_rollouts  # noqa: E402
 from training.rl_trainer import RLConfig, train_rl  # noqa: E402
@@ -80,6 +86,55 @@ def bench_rollout_throughput(policy: Path, problems_path: Path, rollout: Rollout
             "note": "generation time only; tool time is the same sandbox calls in both"})
 
 
+def bench_learner_pass(work: Path, data: Path | None, episodes_per_batch: int = 16, batches: int = 4) -> None:
+    """Forward + backward of the GRPO loss over CoA episodes (4 x 128 model, fp32, 2 threads): ours vs a plain
+    right-padded forward with logits at every position. Interleaved rounds, best of each kept (shared cores)."""
+    torch.set_num_threads(2)
+    trajectories = distilled_trajectories(work, data)[:episodes_per_batch * batches]
+    tok = train_tokenizer([t.question + render_segments(t.segments) for t in trajectories], vocab_size=1024)
+    model = build_tiny_model(TinyModelConfig(hidden_size=128, num_layers=4, max_position_embeddings=2048), tok)
+    encoded = [encode_trajectory(tok, t) for t in trajectories]
+    learner_batches = []
+    for start in range(0, len(encoded), episodes_per_batch):
+        chunk = encoded[start:start + episodes_per_batch]
+        width = max(len(e.input_ids) for e in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        mask = torch.zeros(len(chunk), width - 1)
+        for row, e in enumerate(chunk):
+            ids[row, :len(e.input_ids)], att[row, :len(e.input_ids)] = torch.tensor(e.input_ids), 1
+            mask[row, :len(e.input_ids) - 1] = torch.tensor(e.loss_mask[1:], dtype=torch.float)  # target t+1 written by the model
+        learner_batches.append((ids, att, mask, torch.randn(len(chunk))))
+
+    def padded_logprobs(ids, att, mask):
+        return logprobs_from_logits(model(input_ids=ids, attention_mask=att).logits[:, :-1].float(), ids[:, 1:])
+
+    def ours(ids, att, mask):
+        with packed_attention(model):
+            return token_logprobs(model, ids, att, mask)
+
+    def seconds(logprobs_fn) -> float:
+        started = time.perf_counter()
+        for ids, att, mask, adv in learner_batches:
+            lp, ent = logprobs_fn(ids, att, mask)
+            loss, _ = policy_loss(lp, lp.detach() - 0.01, adv, mask, entropy=ent.detach())
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        return time.perf_counter() - started
+
+    best = {"ours": float("inf"), "padded": float("inf")}
+    for _ in range(2):
+        best["ours"] = min(best["ours"], seconds(ours))
+        best["padded"] = min(best["padded"], seconds(padded_logprobs))
+    tokens = sum(len(e.input_ids) for e in encoded)
+    response = sum(sum(e.loss_mask) for e in encoded)
+    record("learner_pass_speedup_vs_padded", best["padded"] / best["ours"], None, "x",
+           {"episodes": len(encoded), "episodes_per_batch": episodes_per_batch, "tokens": tokens,
+            "response_token_share": round(response / tokens, 3), "ours_s": round(best["ours"], 3),
+            "padded_s": round(best["padded"], 3), "model": "qwen2 hidden128 x4 layers", "threads": 2})
+    torch.set_num_threads(1)
+
+
 def greedy_accuracy(policy: Path, problems_path: Path, rollout: RolloutConfig, tool_cache: Path) -> float:
     """Fraction of all problems answered correctly with greedy decoding (the same episodes every time)."""
     model, tok = load_policy(policy)
@@ -123,6 +178,8 @@ def main() -> None:
     parser.add_argument("--problems", help="problems JSONL for --policy")
     parser.add_argument("--prompts", type=int, default=16, help="prompts in the throughput comparison")
     parser.add_argument("--rl-steps", type=int, default=60, help="steps of the RL run (0 skips it)")
+    parser.add_argument("--learner-data", type=Path, default=None,
+                        help="distilled train.jsonl for the learner-pass comparison (default: distill a small dataset here)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # 2 shared cores: a second thread mostly adds contention
     rollout = RolloutConfig(group_size=4, max_turns=3, max_new_tokens=40, token_budget=200)
@@ -135,6 +192,7 @@ def main() -> None:
         else:
             policy, problems = demo_policy(work)
         bench_rollout_throughput(policy, problems, rollout, args.prompts, work / "tool-cache")
+        bench_learner_pass(work, args.learner_data)
         if args.rl_steps:
             bench_rl_run(policy, problems, rollout, args.rl_steps, work)
 

@@ -11,6 +11,8 @@ module, so "weight sync" is a same-object load; on a GPU machine `engine="vllm"`
 Ray Train TorchTrainer: with one learner worker there is no gradient all-reduce to distribute, rollouts and
 tool calls must sit next to the policy weights, and Ray Train's start (~14 s) and per-report cost (~1.7 s)
 would eat a large share of the 5-minute tiny run. Multi-GPU learners are verl's job (see verl_export.py).
+The learner's logprob passes run the episodes as one flat sequence with per-episode attention and the LM head
+at response tokens only (`grpo.token_logprobs` under `models.packed_attention.packed_attention`).
 
 Resume is exact: a checkpoint (`training.checkpointing`, shared with SFT) holds the policy, optimizer,
 scheduler and RNG state, the step and the metrics history; every random choice of step k (which problems,
