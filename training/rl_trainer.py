@@ -139,8 +139,9 @@ def build_learner_batch(episodes: list[Episode], advantages: list[float], pad_id
 def batch_logprobs(model, batch: LearnerBatch, temperature: float, micro: int, device) -> torch.Tensor:
     out = []
     for s in range(0, batch.input_ids.shape[0], micro):
-        lp, _ = token_logprobs(model, batch.input_ids[s:s + micro].to(device), batch.attention_mask[s:s + micro].to(device),
-                               batch.loss_mask[s:s + micro].to(device), temperature, False)
+        sl = slice(s, s + micro)
+        lp, _ = token_logprobs(model, batch.input_ids[sl].to(device), batch.attention_mask[sl].to(device),
+                               batch.loss_mask[sl].to(device), temperature, False)
         out.append(lp.cpu())
     return torch.cat(out)
 
