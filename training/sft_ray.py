@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.fs
+import ray
 import ray.train
 import ray.train.torch
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -104,6 +105,17 @@ def _copy_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
     shutil.rmtree(tmp)
 
 
+def cpus_per_worker(cfg: SFTConfig) -> int:
+    """CPUs each CPU worker reserves. Ray sets a worker's OMP_NUM_THREADS (hence torch's thread count) to its
+    CPU reservation, so the 1 CPU of a bare `ScalingConfig` trains on one core of a 2-core machine (measured:
+    13.0k vs 18.3k tokens/s for the default recipe)."""
+    if cfg.cpus_per_worker is not None:
+        return cfg.cpus_per_worker
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+    return max(1, int(ray.cluster_resources().get("CPU", 1)) // cfg.num_workers)
+
+
 def train_sft(cfg: SFTConfig) -> SFTResult:
     """Run SFT on Ray Train (cluster from the caller's ray.init, or a local one); one MLflow run."""
     storage_path, filesystem = ray_storage(cfg.checkpoint_uri or str(Path(cfg.output_dir) / "ray"))
@@ -114,7 +126,7 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
             train_loop_config={"cfg": cfg.model_dump(), "run_id": run_id, "tracking_uri": tracking_uri},
             scaling_config=ScalingConfig(
                 num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                resources_per_worker=None if cfg.use_gpu else {"CPU": 1},
+                resources_per_worker=None if cfg.use_gpu else {"CPU": cpus_per_worker(cfg)},
             ),
             run_config=RunConfig(
                 name=f"{cfg.run_name}-{run_id[:8]}", storage_path=storage_path, storage_filesystem=filesystem,

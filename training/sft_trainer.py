@@ -75,6 +75,8 @@ class SFTConfig(Config):
     time_budget_s: float | None = Field(None, gt=0, description="Stop after this many seconds of training (summed over resumes).")
     seed: int = Field(0, description="Seeds torch/numpy/python and the per-epoch row order.")
     num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers (run_sft_local always uses 1).")
+    cpus_per_worker: int | None = Field(None, ge=1, description="CPUs (= torch threads) per CPU worker; None: the "
+                                                                "Ray cluster's CPUs / num_workers.")
     use_gpu: bool = Field(False, description="One GPU per worker (NCCL); False trains on CPU (gloo).")
     bf16: bool = Field(True, description="bf16 autocast for the forward pass; applied on GPU only, CPU stays float32.")
     checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N optimizer steps (and at the end).")

@@ -46,3 +46,12 @@ def test_two_worker_ray_run_trains_and_registers(sft_cfg, policy_dir, ray_cluste
     single, _ = load_policy(local.policy_dir)
     for p, q in zip(single.parameters(), after.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_cpu_workers_get_the_clusters_cores(sft_cfg, ray_cluster):
+    """Ray sets a worker's torch thread count to its CPU reservation: one worker must reserve both cores."""
+    from training.sft_ray import cpus_per_worker
+
+    assert cpus_per_worker(sft_cfg.model_copy(update={"num_workers": 1})) == 2
+    assert cpus_per_worker(sft_cfg.model_copy(update={"num_workers": 2})) == 1
+    assert cpus_per_worker(sft_cfg.model_copy(update={"num_workers": 1, "cpus_per_worker": 1})) == 1
