@@ -4,8 +4,10 @@ Families and what they are scored with:
 - web / QA (`web`, `afm_qa`, `miniweb`, ...): an LLM-as-judge 0/1 through the `Judge` interface. `LLMJudge`
   prompts a chat backend for JSON `{rationale, judgement: correct|incorrect}` with retries and tolerant parsing;
   `NormalizedMatchJudge` (SQuAD-normalized exact match) is the offline default.
-- multi-hop QA (`multihop`, `hotpotqa`, `mhqa`, `wiki`): exact match / token F1 after SQuAD normalization
-  (lowercase, strip punctuation and articles, collapse whitespace); answers are split on `|`.
+- multi-hop QA (`multihop`, `hotpotqa`, `mhqa`, `wiki`): exact match (`qa_metric="em"`, AutoCoA's HotpotQA
+  reward) or token F1 (`"f1"`: partial credit for a half-right name, a denser signal for small policies) after
+  SQuAD normalization (lowercase, strip punctuation and articles, collapse whitespace); answers are split on
+  `|`. `correct` (the accuracy) is exact match either way.
 - code / math (`code`, `computation`, `math`, `gsm8k`, `humaneval`): answer_score x format_score, both 0/1;
   answer_score is a numeric/normalized match, or the problem's test cases when a `run_tests` is given (the
   trainer runs HumanEval's check program in the sandbox). format_score
@@ -38,7 +40,7 @@ import re
 import string
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from models.format import OBSERVATION_CLOSE, OBSERVATION_OPEN, TAGS, TOOL_TAGS
 
@@ -275,7 +277,8 @@ class LLMJudge:
 class RewardBreakdown:
     score: float           # what the learner optimizes
     answer: str | None     # extracted final answer (None: missing/empty/too long)
-    answer_score: float    # correctness alone, 0..1 (reported as accuracy)
+    answer_score: float    # answer quality alone, 0..1 (token F1 under qa_metric="f1", else == correct)
+    correct: float         # 1.0 if the answer is right (EM / judge / numeric / tests): the reported accuracy
     format_score: float    # 1.0 if check_format passed
     format_reason: str
     overlong_penalty: float
@@ -310,6 +313,7 @@ def score_response(
     overlong_max_tokens: int = 0,
     overlong_buffer_tokens: int = 0,
     run_tests: Callable[[str], bool] | None = None,
+    qa_metric: Literal["em", "f1"] = "em",
 ) -> RewardBreakdown:
     """Reward for one episode's MODEL-written text. `overlong_max_tokens=0` disables the overlong penalty.
     `run_tests(answer) -> passed` replaces answer matching for code problems judged by test cases (HumanEval)."""
@@ -318,18 +322,19 @@ def score_response(
     fmt = check_format(model_text)
     kind = reward_kind(family)
     if answer is None:
-        answer_score = 0.0
+        correct = 0.0
     elif kind == "qa_match":
-        answer_score = exact_match(answer, golden_list)
+        correct = exact_match(answer, golden_list)
     elif kind == "code" and run_tests is not None:
-        answer_score = float(run_tests(answer))
+        correct = float(run_tests(answer))
     elif kind == "code":
-        answer_score = numeric_match(answer, golden_list)
+        correct = numeric_match(answer, golden_list)
     else:
-        answer_score = float(judge.judge(question, golden_list, answer).correct)
+        correct = float(judge.judge(question, golden_list, answer).correct)
+    answer_score = token_f1(answer, golden_list) if answer is not None and kind == "qa_match" and qa_metric == "f1" else correct
     score = answer_score * (1.0 if fmt.ok else 0.0) if kind == "code" else answer_score
     penalty = overlong_penalty(response_tokens, overlong_max_tokens, overlong_buffer_tokens) if overlong_max_tokens else 0.0
-    return RewardBreakdown(score + penalty, answer, answer_score, float(fmt.ok), fmt.reason, penalty)
+    return RewardBreakdown(score + penalty, answer, answer_score, correct, float(fmt.ok), fmt.reason, penalty)
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:

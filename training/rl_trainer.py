@@ -83,6 +83,8 @@ class RLConfig(Config):
     dynamic_sampling: bool = Field(True, description="DAPO: drop groups whose rewards are all equal (zero advantage).")
     overlong_buffer_tokens: int = Field(0, ge=0, description="DAPO soft overlong penalty ramp (0 = off); max is rollout.token_budget.")
     judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for web/QA rewards.")
+    qa_reward: Literal["em", "f1"] = Field("em", description="Multi-hop QA reward: exact match (AutoCoA) or token F1 "
+                                                             "(partial credit for half-right names; accuracy stays EM).")
     judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
     judge_model: str = Field("", description="Model name at the judge endpoint (judge='llm').")
     engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: in-process transformers, or vLLM (GPU machines; its logprobs are at temperature 1, the learner recomputes old logprobs either way).")
@@ -306,7 +308,8 @@ def rl_step(s: RLSession, step: int) -> dict[str, float]:
         score_response(ep.problem.family, ep.model_text, ep.problem.answers, s.judge, ep.problem.question,
                        response_tokens=len(ep.response_ids),
                        overlong_max_tokens=cfg.rollout.token_budget if cfg.overlong_buffer_tokens else 0,
-                       overlong_buffer_tokens=cfg.overlong_buffer_tokens, run_tests=answer_test_runner(ep.problem, cfg.toolbox))
+                       overlong_buffer_tokens=cfg.overlong_buffer_tokens, run_tests=answer_test_runner(ep.problem, cfg.toolbox),
+                       qa_metric=cfg.qa_reward)
         for ep in episodes
     ]
     rewards = torch.tensor([s.score for s in scored]).view(len(batch_problems), cfg.rollout.group_size)
@@ -337,7 +340,7 @@ def rl_step(s: RLSession, step: int) -> dict[str, float]:
         "step": step,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "accuracy": sum(s.answer_score for s in scored) / len(scored),
+        "accuracy": sum(s.correct for s in scored) / len(scored),
         "format_ok": sum(s.format_score for s in scored) / len(scored),
         "response_tokens_mean": sum(lengths) / len(lengths),
         "tool_calls_per_episode": stats.tool_calls_per_episode,
