@@ -266,7 +266,7 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMet
     # ETA is the real one (a step bar would show hours for a 30-minute run).
     timed = cfg.time_budget_s is not None
     bar = tqdm(total=cfg.time_budget_s if timed else parts.total_steps, initial=elapsed_s if timed else step,
-               desc="sft", unit="s" if timed else "it", disable=ctx.rank != 0,
+               desc="sft", unit="s" if timed else "it", disable=ctx.rank != 0, mininterval=2.0,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]" if timed else None)
     while step < parts.total_steps:
         tick = time.perf_counter()
@@ -293,7 +293,9 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMet
         if logger is not None:
             logger.log(metrics, step)
         bar.update(seconds if timed else 1)
-        bar.set_postfix(step=step, loss=f"{loss:.4f}")
+        # refresh=False: the bar redraws at most every `mininterval`, not at every step (under Ray each redraw is
+        # a log line shipped to the driver).
+        bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=False)
         final = step == parts.total_steps
         checkpoint_due, report_due = step % cfg.checkpoint_every == 0, step % cfg.report_every == 0
         if checkpoint_due and not final:  # a checkpoint report doubles as the progress report
