@@ -146,9 +146,13 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
     }
 
 
+# 5 s: a server that just started on a busy 2-core machine (CI) can take seconds to answer one request.
+HEALTH_PROBE_TIMEOUT_S = 5.0
+
+
 def _http_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=HEALTH_PROBE_TIMEOUT_S) as response:
             return response.status == 200
     except OSError:
         return False
@@ -156,7 +160,7 @@ def _http_ok(url: str) -> bool:
 
 def _port_open(host: str, port: int) -> bool:
     try:
-        with socket.create_connection((host, port), timeout=2):
+        with socket.create_connection((host, port), timeout=HEALTH_PROBE_TIMEOUT_S):
             return True
     except OSError:
         return False

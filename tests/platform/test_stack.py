@@ -78,7 +78,8 @@ def test_stack_up_flow_down(stack_cfg):
     env = stack_up(stack_cfg)
     records = json.loads((stack_cfg.state_dir / "pids.json").read_text())
     assert set(records) == {"s3", "mlflow", "prefect", "ray"}
-    assert all(s["running"] and s["healthy"] for s in stack_status(stack_cfg).values())
+    status = stack_status(stack_cfg)
+    assert all(s["running"] and s["healthy"] for s in status.values()), status
     env_sh = (stack_cfg.state_dir / "env.sh").read_text()
     assert f"export MLFLOW_TRACKING_URI={env['MLFLOW_TRACKING_URI']}" in env_sh
     assert env["AFM_STORE_URI"] == f"s3://{stack_cfg.bucket}/artifacts"
