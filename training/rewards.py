@@ -331,7 +331,9 @@ def score_response(
         correct = numeric_match(answer, golden_list)
     else:
         correct = float(judge.judge(question, golden_list, answer).correct)
-    answer_score = token_f1(answer, golden_list) if answer is not None and kind == "qa_match" and qa_metric == "f1" else correct
+    # F1 only shapes the QA reward; what counts as right (the accuracy) stays exact match.
+    f1_reward = answer is not None and kind == "qa_match" and qa_metric == "f1"
+    answer_score = token_f1(answer, golden_list) if f1_reward else correct
     score = answer_score * (1.0 if fmt.ok else 0.0) if kind == "code" else answer_score
     penalty = overlong_penalty(response_tokens, overlong_max_tokens, overlong_buffer_tokens) if overlong_max_tokens else 0.0
     return RewardBreakdown(score + penalty, answer, answer_score, correct, float(fmt.ok), fmt.reason, penalty)

@@ -83,10 +83,10 @@ class RLConfig(Config):
     dynamic_sampling: bool = Field(True, description="DAPO: drop groups whose rewards are all equal (zero advantage).")
     overlong_buffer_tokens: int = Field(0, ge=0, description="DAPO soft overlong penalty ramp (0 = off); max is rollout.token_budget.")
     judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for web/QA rewards.")
-    qa_reward: Literal["em", "f1"] = Field("em", description="Multi-hop QA reward: exact match (AutoCoA) or token F1 "
-                                                             "(partial credit for half-right names; accuracy stays EM).")
     judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
     judge_model: str = Field("", description="Model name at the judge endpoint (judge='llm').")
+    qa_reward: Literal["em", "f1"] = Field("em", description="Multi-hop QA reward: exact match (AutoCoA) or token F1 "
+                                                             "(partial credit for half-right names; accuracy stays EM).")
     engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: in-process transformers, or vLLM (GPU machines; its logprobs are at temperature 1, the learner recomputes old logprobs either way).")
     use_gpu: bool = Field(False, description="Put the learner (and HF engine) on CUDA.")
     seed: int = Field(0, description="Seeds problem order, rollouts and the learner.")
