@@ -494,8 +494,20 @@ def _comparison(world: World, rng: random.Random, hops: int):
             hop += 1
         steps += _hop_steps(world, ent, attribute, hop)
         hop += 1
+    steps.append(_compare_step(le, re_, attribute, "min" if smaller_wins else "max", winner.name, hop))
     twins = [e.name for e in world.of_kind(kind) if is_near_duplicate(e.name, winner.name)]
     return template.format(a=lp, b=rp), winner.aliases, steps, [loser.name] + twins
+
+
+def _compare_step(left: Entity, right: Entity, attribute: str, pick: str, winner: str, hop: int) -> dict:
+    """The code step that decides a comparison: the two looked-up values in a dict, `min`/`max` prints the name.
+    Why code: deciding 1970 < 2006 (or between two 7-digit populations) inside the thought is a comparison the
+    ~1M student could not learn (1 of 49 held-out comparisons right, docs/quality.md); copying two names and two
+    numbers into a dict is the find-then-copy skill it already has, and the sandbox does the arithmetic."""
+    code = (f"values = {{{json.dumps(left.name)}: {left.facts[attribute]}, "
+            f"{json.dumps(right.name)}: {right.facts[attribute]}}}\nprint({pick}(values, key=values.get))")
+    return {"tool": "code", "argument": f"```python\n{code}\n```", "finding": f"The code printed {winner}.",
+            "entity": winner, "url": "", "hop": hop}
 
 
 def _hop_weights(lo: int, hi: int) -> list[float]:

@@ -16,7 +16,7 @@ one, drawn from those that fit the problem:
 - bad_query (multihop): the coordinator asks for a vague query without the name (the search agent copies it, so
   thought and query always agree); reflection scores tool effectiveness poor -> re-plan -> retry.
 - wrong_answer (multihop): the coordinator suggests a distractor answer; double_check scores 2 -> re-plan ->
-  re-read the last page -> the right answer.
+  redo the last step (re-read the page, or re-run a comparison's code) -> the right answer.
 - slip (computation): the code agent writes the off-by-one variant; double_check scores 2 -> re-plan -> fixed code.
 All choices are drawn from `random.Random(f"{seed}:{question}...")`, so the oracle is stateless: the same
 seed, problem and state give the same reply. Give each (problem, sample) its own seed.
@@ -212,6 +212,8 @@ class ScriptedOracleBackend:
                 return f'{before}Search "{target}".\nNEXT: search'
             if step["tool"] == "crawl_page":
                 return f"{before}Read {step['argument']}.\nNEXT: crawl"
+            if problem.family == "multihop":  # a comparison's last step: the two values go into code
+                return f"{before}Compare them with code.\nNEXT: code"
             fix = f"Fix the code: {sol['slip']['why']}. " if b.mistakes_seen and "slip" in sol else ""
             return f"{fix}Write code to compute it.\nNEXT: code"
         answer = problem.answers[0]

@@ -1,6 +1,8 @@
 """The generated world: determinism, held-out entity disjointness, solution steps grounded in pages and search."""
 import html
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -72,10 +74,28 @@ def test_solution_findings_are_on_the_named_pages():
         assert sol["distractors"] and not set(sol["distractors"]) & set(p.answers)
         for step in sol["steps"]:
             tools.add(step["tool"])
+            if step["tool"] == "code":
+                continue  # comparisons: test_comparison_code_prints_the_answer
             path = step["url"].replace("http://miniweb.local", "")
             assert step["finding"] in _page_text(pages[path])
-        assert sol["steps"][-1]["entity"] in p.answers or sol["kind"] == "comparison"
-    assert tools == {"web_search", "crawl_page"}
+        assert sol["steps"][-1]["entity"] in p.answers
+    assert tools == {"web_search", "crawl_page", "code"}
+
+
+def test_comparison_code_prints_the_answer():
+    """A comparison ends in one code step whose program, run, prints the winner (the first answer), with both
+    looked-up values copied from the findings the earlier steps read."""
+    world = generate_world(CFG, seed=5)
+    comparisons = multihop_problems(world, 60, hops=(2, 4), kinds=("comparison",), rng_seed=1)
+    assert len(comparisons) > 10
+    for p in comparisons:
+        *lookups, compare = p.metadata["solution"]["steps"]
+        assert compare["tool"] == "code" and all(s["tool"] != "code" for s in lookups)
+        code = compare["argument"].removeprefix("```python\n").removesuffix("\n```")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert out.strip() == p.answers[0] == compare["entity"]
+        values = re.findall(r": (\d+)", code)
+        assert len(values) == 2 and all(any(v in s["finding"] for s in lookups) for v in values)
 
 
 def test_hop_counts_favour_short_problems():
