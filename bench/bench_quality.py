@@ -4,7 +4,8 @@ eval report and appends JSON lines to bench/results/quality.jsonl:
     {"bench": "quality", "metric", "value", "target", "unit", "detail"}
 
 Metrics: teacher / SFT / RL accuracy on held-out-entity problems (eval set `heldout`), SFT/teacher ratio
-(target 0.7), RL - SFT points (target 5), train-entity accuracy of SFT and RL (memorization vs
+(target 0.7), RL - SFT points (target 5), the same three again under greedy decoding (`*_greedy`: one
+temperature-0 episode per problem, evaluated here after the pipeline), train-entity accuracy of SFT and RL (memorization vs
 generalization), and each stage's wall time (distill: its own count; the others: between manifests' created_at).
 `detail` carries pass@k, failure shares, the SFT step count / loss and the last RL step's metrics, so a miss
 can be read off the row.
@@ -102,6 +103,33 @@ def brief(row: dict) -> dict:
                                                   "tool_calls/problem") or k.startswith("failure.")}
 
 
+def greedy_heldout_accuracy(afm_home: Path, config: Path, manifests: dict[str, dict]) -> dict[str, dict]:
+    """SFT and RL on the held-out set once more, greedy (temperature 0, one episode per problem): the accuracy a
+    deployed model shows, next to the pipeline's sampled accuracy (temperature 0.7, the mean over samples,
+    which pays for every garbled sampled copy). Same set, tools, turn and token limits as the pipeline's eval.
+    Returns {model: summary row}."""
+    os.environ["AFM_HOME"] = str(afm_home)  # MLflow of this run (the eval logs a run there)
+    from afm.config import load_config
+    from evaluation.runner import evaluate
+    from flows.pipeline import PipelineConfig
+    from problems.miniweb import serve_corpus
+    from tasks.evaluate import DATASET_PREFIX
+    from tasks.train import fetch
+
+    eval_cfg = load_config(PipelineConfig, config).eval
+    work = afm_home / "bench-greedy"
+    data = fetch(manifests["distill"]["uri"], work / "dataset")
+    models = {m: str(fetch(manifests[m]["uri"], work / m)) for m in ("sft", "rl")}
+    heldout = eval_cfg.problem_sets["heldout"]
+    sets = {"heldout": heldout.model_copy(update={"source": str(data / heldout.source[len(DATASET_PREFIX):])})}
+    with serve_corpus(eval_cfg.toolbox, data / "corpus.jsonl") as toolbox:
+        result = evaluate(eval_cfg.model_copy(update={
+            "models": models, "include_teacher": False, "problem_sets": sets, "toolbox": toolbox,
+            "temperature": 0.0, "n_samples": 1, "ks": [1], "gate": None, "output_dir": str(work / "report"),
+            "run_name": "eval-greedy"}))
+    return {row["model"]: row for row in result.summary_rows}
+
+
 def report(afm_home: Path, config: Path, started: float | None) -> None:
     manifests = newest_manifests(afm_home)
     summary = json.loads((manifests["eval"]["dir"] / "summary.json").read_text(encoding="utf-8"))["summary"]
@@ -125,6 +153,16 @@ def report(afm_home: Path, config: Path, started: float | None) -> None:
     record("rl_minus_sft_heldout_points", 100 * (rl["accuracy"] - sft["accuracy"]), 5.0, "points",
            {"rl": rl["accuracy"], "sft": sft["accuracy"], "problems": rl["problems"], "samples": rl["samples"],
             **common})
+    greedy = greedy_heldout_accuracy(afm_home, config, manifests)
+    for model in ("sft", "rl"):
+        record(f"{model}_heldout_accuracy_greedy", greedy[model]["accuracy"], None, "fraction",
+               {**brief(greedy[model]), "sampled_accuracy": summary_row(summary, model, "heldout")["accuracy"],
+                "note": "temperature 0, one episode per problem (the teacher is deterministic too)", **common})
+    record("sft_over_teacher_heldout_greedy", greedy["sft"]["accuracy"] / teacher["accuracy"], 0.7, "ratio",
+           {"sft": greedy["sft"]["accuracy"], "teacher": teacher["accuracy"], **common})
+    record("rl_minus_sft_heldout_points_greedy", 100 * (greedy["rl"]["accuracy"] - greedy["sft"]["accuracy"]), 5.0,
+           "points", {"rl": greedy["rl"]["accuracy"], "sft": greedy["sft"]["accuracy"],
+                      "problems": greedy["rl"]["problems"], **common})
     for model in ("sft", "rl"):
         row = summary_row(summary, model, "train_entities")
         record(f"{model}_train_entities_accuracy", row["accuracy"], None, "fraction",
