@@ -520,7 +520,8 @@ def multihop_problems(world: World, n: int, hops: tuple[int, int] = (1, 4),
                       rng_seed: int = 0) -> list[Problem]:
     """Up to `n` distinct HotpotQA-like questions over `world` (fewer only if the world is too small to have `n`).
     metadata["solution"] = {kind, steps: [{tool, argument, finding, entity, url, hop}], distractors}, where each
-    hop is a web_search for the hop's entity and, when the fact is body-only, a crawl_page of its URL."""
+    hop is a web_search for the hop's entity and, when the fact is body-only, a crawl_page of its URL; a
+    comparison ends with a code step that prints the winner (so its teacher needs the `code` tool)."""
     for kind in kinds:
         if kind not in ("bridge", "comparison"):
             raise ValueError(f"multihop_problems: kind {kind!r} is not 'bridge' or 'comparison'")
