@@ -113,15 +113,14 @@ def greedy_heldout_accuracy(afm_home: Path, config: Path, manifests: dict[str, d
     from evaluation.runner import evaluate
     from flows.pipeline import PipelineConfig
     from problems.miniweb import serve_corpus
-    from tasks.evaluate import DATASET_PREFIX
+    from tasks.evaluate import resolve_dataset_sources
     from tasks.train import fetch
 
     eval_cfg = load_config(PipelineConfig, config).eval
     work = afm_home / "bench-greedy"
     data = fetch(manifests["distill"]["uri"], work / "dataset")
     models = {m: str(fetch(manifests[m]["uri"], work / m)) for m in ("sft", "rl")}
-    heldout = eval_cfg.problem_sets["heldout"]
-    sets = {"heldout": heldout.model_copy(update={"source": str(data / heldout.source[len(DATASET_PREFIX):])})}
+    sets = resolve_dataset_sources({"heldout": eval_cfg.problem_sets["heldout"]}, data)
     with serve_corpus(eval_cfg.toolbox, data / "corpus.jsonl") as toolbox:
         result = evaluate(eval_cfg.model_copy(update={
             "models": models, "include_teacher": False, "problem_sets": sets, "toolbox": toolbox,

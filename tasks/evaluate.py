@@ -12,12 +12,19 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from evaluation.report import format_summary_table
-from evaluation.runner import EvalConfig, evaluate
+from evaluation.runner import EvalConfig, ProblemSetConfig, evaluate
 from problems.miniweb import serve_corpus
 from tasks.stages import directory_files, retry_on_transient, run_stage, stage_key
 from tasks.train import fetch
 
 DATASET_PREFIX = "dataset:"
+
+
+def resolve_dataset_sources(problem_sets: dict[str, ProblemSetConfig], data: Path) -> dict[str, ProblemSetConfig]:
+    """`dataset:<file>` sources pointed at `<file>` in the fetched dataset directory `data`; others unchanged."""
+    return {label: ps.model_copy(update={"source": str(data / ps.source[len(DATASET_PREFIX):])})
+            if ps.source.startswith(DATASET_PREFIX) else ps
+            for label, ps in problem_sets.items()}
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
@@ -28,11 +35,7 @@ def evaluate_task(cfg: EvalConfig, dataset: dict, store_uri: str = "") -> dict:
 
     def produce(work_dir: Path):
         data = fetch(dataset["uri"], work_dir / "dataset")
-        sets = {
-            label: ps.model_copy(update={"source": str(data / ps.source[len(DATASET_PREFIX):])})
-            if ps.source.startswith(DATASET_PREFIX) else ps
-            for label, ps in cfg.problem_sets.items()
-        }
+        sets = resolve_dataset_sources(cfg.problem_sets, data)
         with serve_corpus(cfg.toolbox, data / "corpus.jsonl") as toolbox:
             result = evaluate(cfg.model_copy(update={"problem_sets": sets, "toolbox": toolbox,
                                                      "output_dir": str(work_dir / "report")}))
