@@ -30,6 +30,7 @@ from ray.exceptions import RayActorError
 from tqdm import tqdm
 
 from afm.config import Config
+from afm.ray_local import init_local_ray
 from agents.teacher.mas import TeacherConfig
 from agents.tools.toolbox import ToolboxConfig
 from distill.rollout_work import RolloutWorker
@@ -82,7 +83,7 @@ def ensure_ray(num_cpus: int) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
+        init_local_ray(num_cpus)
 
 
 def actor_name(run_id: str, slot: int, generation: int) -> str:

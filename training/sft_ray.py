@@ -29,6 +29,7 @@ import ray.train.torch
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from afm.ray_local import init_local_ray
 from models.policy import save_policy
 from training.checkpointing import unwrap_model, write_checkpoint
 from training.sft_data import DataReport
@@ -112,7 +113,7 @@ def cpus_per_worker(cfg: SFTConfig) -> int:
     if cfg.cpus_per_worker is not None:
         return cfg.cpus_per_worker
     if not ray.is_initialized():
-        ray.init(include_dashboard=False)
+        init_local_ray()
     return max(1, int(ray.cluster_resources().get("CPU", 1)) // cfg.num_workers)
 
 

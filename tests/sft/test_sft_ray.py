@@ -14,9 +14,27 @@ from models.policy import load_policy
 def ray_cluster(monkeypatch):
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from afm.ray_local import init_local_ray
+
+    init_local_ray(num_cpus=2)  # as the pipeline starts it
     yield
     ray.shutdown()
+
+
+@pytest.mark.integration
+def test_local_ray_workers_silence_the_placement_group_cleaner(ray_cluster):
+    # Without a dashboard Ray Train's PlacementGroupCleaner warned once a second for a whole SFT stage.
+    import logging
+
+    import ray
+
+    from afm.ray_local import PLACEMENT_GROUP_CLEANER_LOGGER
+
+    @ray.remote
+    def cleaner_log_level() -> int:
+        return logging.getLogger(PLACEMENT_GROUP_CLEANER_LOGGER).getEffectiveLevel()
+
+    assert ray.get(cleaner_log_level.remote()) == logging.ERROR
 
 
 @pytest.mark.integration
