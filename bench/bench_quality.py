@@ -34,11 +34,13 @@ RESULTS = ROOT / "bench" / "results" / "quality.jsonl"
 STAGES = ("distill", "policy", "sft", "rl", "eval")
 
 
-def record(metric: str, value: float, target: float | None, unit: str, detail: dict) -> dict:
-    row = {"bench": "quality", "metric": metric, "value": round(value, 4), "target": target, "unit": unit,
+def record(metric: str, value: float, target: float | None, unit: str, detail: dict,
+           results: Path = RESULTS) -> dict:
+    """Append one row to `results` (bench name = the file's stem) and print it."""
+    row = {"bench": results.stem, "metric": metric, "value": round(value, 4), "target": target, "unit": unit,
            "detail": detail}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS, "a", encoding="utf-8") as f:
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with open(results, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
     print(json.dumps(row))
     return row

@@ -9,6 +9,10 @@ ids — text is never re-tokenized — with the sampler's logprob for every gene
 
 Batching: every live episode of every prompt generates together in one `engine.generate` call per turn
 (`max_batch_size` splits it when memory is tight; 1 gives naive one-at-a-time generation for benchmarks).
+That turn's tool calls then run concurrently on `tool_workers` threads: sandboxed programs and crawls wait on
+subprocesses and sockets, and a looping student program costs its timeout once per turn, not once per call.
+Concurrent sandboxes share the sandbox user's process limit: a fork bomb in one call can make another call of
+the same turn fail to start; that call returns a tool error like any other.
 
 Safety: tool calls are parsed only from the text the policy generated in that turn, so tags or instructions
 inside observations are never executed or counted as the model's answer; `Episode.model_text` (what rewards
@@ -21,6 +25,7 @@ Usage:
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -55,6 +60,7 @@ class RolloutConfig(Config):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_batch_size: int = Field(0, ge=0, description="Most sequences per generate call; 0 = all live episodes at once.")
     system_prompt: str | None = Field(None, description="System prompt; must be the one the policy was SFT'd with.")
+    tool_workers: int = Field(4, ge=1, description="Threads running one turn's tool calls concurrently (1: in order).")
     check_roundtrip: bool = Field(False, description="Strict mode: raise if an answered episode's ids differ from re-tokenizing its text.")
 
 
@@ -84,7 +90,7 @@ class Episode:
     turns: int = 0
     status: str = ""  # one of STATUSES once finished
     generation_s: float = 0.0  # this episode's share of batched generation time
-    tool_s: float = 0.0
+    tool_s: float = 0.0  # this episode's share of the turns' tool-phase wall time (tools run concurrently)
     parse_ok: bool = True  # every generated turn parsed as CoA segments
     pieces: list[str] = field(default_factory=list, repr=False)  # decoded turns and observations, in order
 
@@ -159,7 +165,6 @@ def advance_episode(
     started = time.perf_counter()
     result = toolbox.call(tag, argument.strip())
     seconds = time.perf_counter() - started
-    ep.tool_s += seconds
     ep.tool_calls.append(ToolCall(tag, argument.strip(), result.status, seconds))
     observation_ids = encode_observation(tokenizer, result.text)
     if len(ep.response_ids) + len(observation_ids) >= cfg.token_budget:
@@ -183,21 +188,26 @@ def run_rollouts(
         prompt_ids = encode_prompt(tokenizer, problem.question, cfg.system_prompt)
         episodes += [Episode(problem, p_index, s, list(prompt_ids)) for s in range(cfg.group_size)]
     turn = 0
-    while live := [ep for ep in episodes if not ep.status]:
-        chunk = cfg.max_batch_size or len(live)
-        for start in range(0, len(live), chunk):
-            batch = live[start:start + chunk]
-            started = time.perf_counter()
-            gens = engine.generate(
-                [ep.prompt_ids + ep.response_ids for ep in batch],
-                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                stop=STOP_STRINGS, seed=seed * 1_000_003 + turn * 1_009 + start,
-            )
-            share = (time.perf_counter() - started) / len(batch)
-            for ep, gen in zip(batch, gens):
-                ep.generation_s += share
-                advance_episode(ep, gen, tokenizer, toolbox, cfg)
-        turn += 1
+    with ThreadPoolExecutor(max_workers=cfg.tool_workers, thread_name_prefix="rollout-tools") as pool:
+        while live := [ep for ep in episodes if not ep.status]:
+            chunk = cfg.max_batch_size or len(live)
+            for start in range(0, len(live), chunk):
+                batch = live[start:start + chunk]
+                started = time.perf_counter()
+                gens = engine.generate(
+                    [ep.prompt_ids + ep.response_ids for ep in batch],
+                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                    stop=STOP_STRINGS, seed=seed * 1_000_003 + turn * 1_009 + start,
+                )
+                generated = time.perf_counter()
+                # Each episode only touches its own state, so the order the calls finish in changes nothing.
+                list(pool.map(lambda ep, gen: advance_episode(ep, gen, tokenizer, toolbox, cfg), batch, gens))
+                gen_share = (generated - started) / len(batch)
+                tool_share = (time.perf_counter() - generated) / len(batch)
+                for ep in batch:
+                    ep.generation_s += gen_share
+                    ep.tool_s += tool_share
+            turn += 1
     if cfg.check_roundtrip:
         for ep in episodes:
             if ep.status == "answered" and ep.parse_ok:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -125,3 +126,40 @@ def test_tags_injected_by_a_tool_never_run_or_count(tmp_path, policy):
     assert ep.status == "answered" and len(ep.tool_calls) == 1  # the injected <code> never ran
     assert "EVIL" not in ep.model_text
     assert score_response("web", ep.model_text, ["EVIL"], NormalizedMatchJudge()).score == 0.0
+
+
+class _ConcurrencyProbe:
+    """Wraps a toolbox; records the most calls in flight at once. With `wait`, a call first waits (up to 2 s)
+    for a second call to be in flight, so concurrency shows up however fast the tool is."""
+
+    def __init__(self, inner, wait: bool):
+        self.inner, self.wait, self.in_flight, self.most = inner, wait, 0, 0
+        self.cond = threading.Condition()
+
+    def call(self, tag, argument):
+        with self.cond:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.cond.notify_all()
+            if self.wait:
+                self.cond.wait_for(lambda: self.in_flight > 1, timeout=2.0)
+        try:
+            return self.inner.call(tag, argument)
+        finally:
+            with self.cond:
+                self.in_flight -= 1
+
+
+def test_a_turns_tool_calls_run_concurrently_and_change_no_episode(policy, code_toolbox):
+    model, tok = policy
+    engine = HFEngine(model, tok)
+    cfg = RolloutConfig(group_size=3, max_turns=3, max_new_tokens=40, token_budget=200, temperature=0.0)
+    serial_probe, parallel_probe = _ConcurrencyProbe(code_toolbox, wait=False), _ConcurrencyProbe(code_toolbox, wait=True)
+    serial = run_rollouts(engine, tok, serial_probe, PROBLEMS, cfg.model_copy(update={"tool_workers": 1}), seed=0)
+    parallel = run_rollouts(engine, tok, parallel_probe, PROBLEMS, cfg.model_copy(update={"tool_workers": 4}), seed=0)
+    assert serial_probe.most == 1 and parallel_probe.most > 1
+    assert [(e.response_ids, e.loss_mask, e.status) for e in serial] == \
+           [(e.response_ids, e.loss_mask, e.status) for e in parallel]
+    assert [[(c.tag, c.argument, c.status) for c in e.tool_calls] for e in serial] == \
+           [[(c.tag, c.argument, c.status) for c in e.tool_calls] for e in parallel]
+    assert sum(len(e.tool_calls) for e in parallel) > 1

@@ -1,0 +1,106 @@
+"""Default-recipe benchmark: what `make run` does on 2 cores. Runs `afm pipeline --config configs/default.yaml`
+under a fresh AFM_HOME and appends JSON lines to bench/results/default.jsonl:
+    {"bench": "default", "metric", "value", "target", "unit", "detail"}
+
+Metrics: filtered trajectories (target >= 2,000), whole-pipeline seconds (target <= 900: the 15 minutes the
+recipe promises) and each stage's (RL target <= 300), the RL reward curve (mean reward of the first and last
+third of the steps, and the rise in standard errors, target >= 2: the issue's "its reward curve rises"),
+and accuracy / format-error rate of the untrained, SFT and RL models from the pipeline's eval.
+
+Takes ~14 min on 2 cores. `--no-run` only reads an existing AFM_HOME (e.g. the one `make run` filled).
+
+Run:  .venv/bin/python bench/bench_default.py [--afm-home DIR] [--no-run] [--set rl.time_budget_s=200 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from bench_quality import ROOT, newest_manifests, record, run_pipeline, stage_seconds, summary_row
+
+RESULTS = ROOT / "bench" / "results" / "default.jsonl"
+CONFIG = ROOT / "configs" / "default.yaml"
+
+
+def thirds(values: list[float]) -> dict[str, float]:
+    """Mean of the first and last third of a per-step curve and the rise between them in standard errors
+    (Welch: the two thirds as independent samples; steps are noisy, so a bare difference says little)."""
+    n = max(2, len(values) // 3)
+    first, last = values[:n], values[-n:]
+
+    def mean_var(xs: list[float]) -> tuple[float, float]:
+        m = sum(xs) / len(xs)
+        return m, sum((x - m) ** 2 for x in xs) / max(1, len(xs) - 1)
+
+    (m1, v1), (m2, v2) = mean_var(first), mean_var(last)
+    se = math.sqrt(v1 / len(first) + v2 / len(last))
+    return {"first": m1, "last": m2, "steps_per_third": n, "rise_se": (m2 - m1) / se if se else 0.0}
+
+
+def rl_curve(afm_home: Path, run_id: str, key: str) -> list[float]:
+    os.environ["AFM_HOME"] = str(afm_home)
+    from afm.tracking import configure_tracking
+
+    history = MlflowClient(tracking_uri=configure_tracking()).get_metric_history(run_id, key)
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+def report(afm_home: Path, started: float | None) -> None:
+    manifests = newest_manifests(afm_home)
+    common = {"afm_home": str(afm_home)}
+    counts = manifests["distill"]["extra"]["counts"]
+    record("distill_trajectories", counts["sft_trajectories"], 2000, "trajectories",
+           {"problems": counts["problems"], "rl_problems": counts["rl_problems"], **common}, RESULTS)
+
+    seconds = stage_seconds(manifests, started)
+    if started is not None:
+        seconds["pipeline"] = round(time.time() - started, 1)
+    targets = {"rl": 300.0, "pipeline": 900.0}
+    for stage, value in seconds.items():
+        record(f"stage_seconds_{stage}", value, targets.get(stage), "s", {"all_stages": seconds, **common}, RESULTS)
+
+    run_id = manifests["rl"]["extra"]["run_id"]
+    reward = rl_curve(afm_home, run_id, "reward_mean")
+    curve = thirds(reward)
+    detail = {"steps": len(reward), "steps_per_third": curve["steps_per_third"],
+              "reward_per_step": [round(r, 3) for r in reward], **common}
+    for key in ("accuracy", "format_ok"):
+        part = thirds(rl_curve(afm_home, run_id, key))
+        detail[f"{key}_first_last_third"] = [round(part["first"], 4), round(part["last"], 4)]
+    record("rl_reward_first_third", curve["first"], None, "reward", detail, RESULTS)
+    record("rl_reward_last_third", curve["last"], None, "reward", detail, RESULTS)
+    record("rl_reward_rise_se", curve["rise_se"], 2.0, "standard errors",
+           {"first": round(curve["first"], 4), "last": round(curve["last"], 4), "steps": len(reward), **common},
+           RESULTS)
+
+    summary = json.loads((manifests["eval"]["dir"] / "summary.json").read_text(encoding="utf-8"))["summary"]
+    for model in ("untrained", "sft", "rl"):
+        for problem_set in ("heldout", "train_entities", "computation"):
+            row = summary_row(summary, model, problem_set)
+            record(f"{model}_{problem_set}_accuracy", row["accuracy"], None, "fraction",
+                   {"pass@3": row.get("pass@3"), "format_error": row.get("failure.format_error"),
+                    "problems": row["problems"], "samples": row["samples"], **common}, RESULTS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--afm-home", type=Path, default=None, help="AFM_HOME of the run (default: a new temp dir)")
+    parser.add_argument("--no-run", action="store_true", help="only read the artifacts already in --afm-home")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override key=value")
+    args = parser.parse_args()
+    if args.no_run and args.afm_home is None:
+        parser.error("--no-run needs --afm-home")
+    afm_home = (args.afm_home or Path(tempfile.mkdtemp(prefix="afm-default-bench-"))).resolve()
+    started = None if args.no_run else run_pipeline(afm_home, CONFIG, args.overrides)
+    report(afm_home, started)
+
+
+if __name__ == "__main__":
+    main()
