@@ -32,7 +32,7 @@ CONFIG = ROOT / "configs" / "default.yaml"
 def thirds(values: list[float]) -> dict[str, float]:
     """Mean of the first and last third of a per-step curve and the rise between them in standard errors
     (Welch: the two thirds as independent samples; steps are noisy, so a bare difference says little)."""
-    n = max(2, len(values) // 3)
+    n = max(1, len(values) // 3)
     first, last = values[:n], values[-n:]
 
     def mean_var(xs: list[float]) -> tuple[float, float]:
@@ -44,12 +44,8 @@ def thirds(values: list[float]) -> dict[str, float]:
     return {"first": m1, "last": m2, "steps_per_third": n, "rise_se": (m2 - m1) / se if se else 0.0}
 
 
-def rl_curve(afm_home: Path, run_id: str, key: str) -> list[float]:
-    os.environ["AFM_HOME"] = str(afm_home)
-    from afm.tracking import configure_tracking
-
-    history = MlflowClient(tracking_uri=configure_tracking()).get_metric_history(run_id, key)
-    return [m.value for m in sorted(history, key=lambda m: m.step)]
+def rl_curve(client: MlflowClient, run_id: str, key: str) -> list[float]:
+    return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
 def report(afm_home: Path, started: float | None) -> None:
@@ -66,13 +62,16 @@ def report(afm_home: Path, started: float | None) -> None:
     for stage, value in seconds.items():
         record(f"stage_seconds_{stage}", value, targets.get(stage), "s", {"all_stages": seconds, **common}, RESULTS)
 
-    run_id = manifests["rl"]["extra"]["run_id"]
-    reward = rl_curve(afm_home, run_id, "reward_mean")
+    os.environ["AFM_HOME"] = str(afm_home)  # the run's MLflow store
+    from afm.tracking import configure_tracking
+
+    client, run_id = MlflowClient(tracking_uri=configure_tracking()), manifests["rl"]["extra"]["run_id"]
+    reward = rl_curve(client, run_id, "reward_mean")
     curve = thirds(reward)
     detail = {"steps": len(reward), "steps_per_third": curve["steps_per_third"],
               "reward_per_step": [round(r, 3) for r in reward], **common}
     for key in ("accuracy", "format_ok"):
-        part = thirds(rl_curve(afm_home, run_id, key))
+        part = thirds(rl_curve(client, run_id, key))
         detail[f"{key}_first_last_third"] = [round(part["first"], 4), round(part["last"], 4)]
     record("rl_reward_first_third", curve["first"], None, "reward", detail, RESULTS)
     record("rl_reward_last_third", curve["last"], None, "reward", detail, RESULTS)

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agents.tools.toolbox import ToolboxConfig, build_toolbox  # noqa: E402
+from bench_default import thirds  # noqa: E402
 from bench_sft import distilled_trajectories  # noqa: E402
 from models.engines.hf import HFEngine  # noqa: E402
 from models.format import render_segments  # noqa: E402
@@ -164,11 +165,9 @@ def bench_rl_run(policy: Path, problems_path: Path, rollout: RolloutConfig, step
     parts = {k: sum(h[k] for h in hist) / len(hist) for k in ("time_generation_s", "time_tools_s", "time_training_s", "step_time_s")}
     record("rl_step_time_s", parts["step_time_s"], None, "s", {k: round(v, 3) for k, v in parts.items()} | {
         "episodes_per_step": cfg.prompts_per_step * cfg.rollout.group_size})
-    third = max(len(hist) // 3, 1)
-    first = sum(h["reward_mean"] for h in hist[:third]) / third
-    last = sum(h["reward_mean"] for h in hist[-third:]) / third
-    record("rl_reward_rise", last - first, 0.0, "reward",
-           {"first_third_mean": round(first, 3), "last_third_mean": round(last, 3), "steps": len(hist),
+    curve = thirds([h["reward_mean"] for h in hist])
+    record("rl_reward_rise", curve["last"] - curve["first"], 0.0, "reward",
+           {"first_third_mean": round(curve["first"], 3), "last_third_mean": round(curve["last"], 3), "steps": len(hist),
             "wall_s": round(wall, 1), "curve": [round(h["reward_mean"], 3) for h in hist]})
 
 
