@@ -132,10 +132,9 @@ def _append_observation(ep: Episode, tokenizer: PreTrainedTokenizerBase, observa
     ep.segments.append(Segment("observation", observation))
 
 
-def advance_episode(
-    ep: Episode, gen: Generation, tokenizer: PreTrainedTokenizerBase, toolbox: ToolCaller, cfg: RolloutConfig,
-) -> None:
-    """Apply one turn's generation to an episode: finish it or run its tool call."""
+def take_turn(ep: Episode, gen: Generation, tokenizer: PreTrainedTokenizerBase,
+              cfg: RolloutConfig) -> tuple[str, str] | None:
+    """Append one turn's generation to an episode; finish it, or return the (tag, argument) of its tool call."""
     remaining = cfg.token_budget - len(ep.response_ids)
     ids, logprobs = gen.token_ids[:remaining], gen.logprobs[:remaining]
     cut = len(ids) < len(gen.token_ids)
@@ -143,34 +142,52 @@ def advance_episode(
     ep.turns += 1
     if cut:
         ep.status = "token_budget"
-        return
+        return None
     if gen.stop == "</answer>":
         ep.status = "answered"
-        return
+        return None
     if len(ep.response_ids) >= cfg.token_budget:
         ep.status = "token_budget"
-        return
+        return None
     if gen.stop not in _TOOL_CLOSE:
         # Length cut within the turn, or eos without an answer.
         ep.status = "token_budget" if gen.finish_reason == "length" else "format_error"
-        return
+        return None
     tag = _TOOL_CLOSE[gen.stop]
     argument = _tool_argument(text, tag)
     if argument is None:
         ep.status = "format_error"
-        return
+        return None
     if ep.turns >= cfg.max_turns:
         ep.status = "max_turns"
-        return
+        return None
+    return tag, argument.strip()
+
+
+def timed_tool_call(toolbox: ToolCaller, tag: str, argument: str) -> tuple[ToolResult, float]:
     started = time.perf_counter()
-    result = toolbox.call(tag, argument.strip())
-    seconds = time.perf_counter() - started
-    ep.tool_calls.append(ToolCall(tag, argument.strip(), result.status, seconds))
+    result = toolbox.call(tag, argument)
+    return result, time.perf_counter() - started
+
+
+def append_tool_result(ep: Episode, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, tag: str, argument: str,
+                       result: ToolResult, seconds: float) -> None:
+    """Record a tool call and append its observation (masked), unless it overflows the token budget."""
+    ep.tool_calls.append(ToolCall(tag, argument, result.status, seconds))
     observation_ids = encode_observation(tokenizer, result.text)
     if len(ep.response_ids) + len(observation_ids) >= cfg.token_budget:
         ep.status = "token_budget"  # the tool ran, but its observation does not fit the episode's budget
         return
     _append_observation(ep, tokenizer, result.text, observation_ids)
+
+
+def advance_episode(
+    ep: Episode, gen: Generation, tokenizer: PreTrainedTokenizerBase, toolbox: ToolCaller, cfg: RolloutConfig,
+) -> None:
+    """Apply one turn's generation to an episode: finish it or run its tool call."""
+    call = take_turn(ep, gen, tokenizer, cfg)
+    if call is not None:
+        append_tool_result(ep, tokenizer, cfg, *call, *timed_tool_call(toolbox, *call))
 
 
 def run_rollouts(
@@ -200,8 +217,13 @@ def run_rollouts(
                     stop=STOP_STRINGS, seed=seed * 1_000_003 + turn * 1_009 + start,
                 )
                 generated = time.perf_counter()
-                # Each episode only touches its own state, so the order the calls finish in changes nothing.
-                list(pool.map(lambda ep, gen: advance_episode(ep, gen, tokenizer, toolbox, cfg), batch, gens))
+                # Only the tool calls run on the pool; tokenizer work stays on this thread. With encode and
+                # decode on the pool too, the full test suite saw episodes differ from a serial run (a shared
+                # fast tokenizer is not guaranteed thread-safe).
+                calls = [(ep, call) for ep, gen in zip(batch, gens) if (call := take_turn(ep, gen, tokenizer, cfg))]
+                results = list(pool.map(lambda item: timed_tool_call(toolbox, *item[1]), calls))
+                for (ep, call), (result, seconds) in zip(calls, results):
+                    append_tool_result(ep, tokenizer, cfg, *call, result, seconds)
                 gen_share = (generated - started) / len(batch)
                 tool_share = (time.perf_counter() - generated) / len(batch)
                 for ep in batch:
