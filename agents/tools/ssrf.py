@@ -13,7 +13,9 @@ Rules, in order:
   without one, to whatever DNS says — private addresses are fine for allowlisted hosts, that is what the list is for.
 - any other host is refused unless `allow_public`; then EVERY address it resolves to must be global unicast
   (private, loopback, link-local, multicast, reserved, unspecified 0.0.0.0/::, shared 100.64/10 are refused), so
-  `localhost` or a name pointing at 10.x is refused.
+  `localhost` or a name pointing at 10.x is refused. IPv6 that embeds IPv4 is judged by what it embeds: 6to4
+  (2002::/16) and ISATAP need every embedded IPv4 public; NAT64 (64:ff9b::/96, 64:ff9b:1::/48), Teredo
+  (2001::/32), IPv4-compatible (::/96) and IPv4-translated (::ffff:0:0:0/96) are refused outright.
 - the check returns the resolved IP and the caller connects to exactly that IP (pinning), so a DNS answer that
   changes between check and connect (rebinding) cannot redirect the connection. Each redirect hop is re-checked.
 
@@ -65,9 +67,44 @@ def _literal_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
     return ip
 
 
+# IPv6 ranges whose last 32 bits are an IPv4 address a gateway or the host stack may deliver to: NAT64
+# well-known (RFC 6052) and local-use (RFC 8215) prefixes, IPv4-compatible (::/96, deprecated) and
+# IPv4-translated (::ffff:0:0:0/96, SIIT). 6to4 (2002::/16) and Teredo (2001::/32) are decoded by ipaddress.
+_LAST32_IPV4_NETS = [ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "::/96", "::ffff:0:0:0/96")]
+# ISATAP interface identifiers (RFC 5214): ::5efe:a.b.c.d and ::200:5efe:a.b.c.d under any /64 prefix.
+_ISATAP_IIDS = (0x00005EFE, 0x02005EFE)
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """Every IPv4 address an IPv6 address carries inside it (mapped, 6to4, Teredo server + client, NAT64,
+    compatible, translated, ISATAP); [] for a plain IPv6 address."""
+    found = []
+    if ip.ipv4_mapped is not None:
+        found.append(ip.ipv4_mapped)
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    last32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if any(ip in net for net in _LAST32_IPV4_NETS) and int(ip) > 1:  # :: and ::1 are not IPv4-compatible
+        found.append(last32)
+    if (int(ip) >> 32) & 0xFFFFFFFF in _ISATAP_IIDS:
+        found.append(last32)
+    return found
+
+
 def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Global unicast, and so is every IPv4 address embedded in an IPv6 one: `2002:7f00:1::` (6to4 of
+    127.0.0.1) is "global" to ipaddress, yet a 6to4 relay or the host's own sit tunnel delivers it to
+    127.0.0.1. NAT64/Teredo/compatible forms are refused outright (a prefix that translates to IPv4 is a
+    gateway we cannot see behind), whatever this Python's `is_global` table says about them."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return _is_public(ip.ipv4_mapped)
+        if ip.teredo is not None or any(ip in net for net in _LAST32_IPV4_NETS):
+            return False
+        if not all(_is_public(v4) for v4 in embedded_ipv4(ip)):
+            return False
     return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_link_local or ip.is_unspecified)
 
 

@@ -2,10 +2,12 @@
 show up as a request the server received; each attempt must be refused with a reason and reach nothing."""
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from agents.tools.crawl import CrawlPage
-from agents.tools.ssrf import UrlRefused, check_url
+from agents.tools.ssrf import UrlRefused, check_url, embedded_ipv4
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +25,16 @@ SSRF_ATTEMPTS = [
     ("IPv4-mapped IPv6 loopback", "http://[::ffff:127.0.0.1]:{port}/wiki/Durn", True),
     ("IPv6 link-local", "http://[fe80::1]:{port}/", True),
     ("IPv6 unique-local", "http://[fd00::1]:{port}/", True),
+    ("6to4 embedding loopback", "http://[2002:7f00:1::]:{port}/wiki/Durn", True),
+    ("6to4 embedding 10/8", "http://[2002:a00:1::1]:{port}/", True),
+    ("6to4 embedding metadata", "http://[2002:a9fe:a9fe::]/latest/meta-data/", True),
+    ("NAT64 well-known prefix", "http://[64:ff9b::7f00:1]:{port}/wiki/Durn", True),
+    ("NAT64 well-known, dotted tail", "http://[64:ff9b::127.0.0.1]:{port}/wiki/Durn", True),
+    ("NAT64 local-use prefix", "http://[64:ff9b:1::7f00:1]:{port}/wiki/Durn", True),
+    ("Teredo (client 127.0.0.1)", "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]:{port}/", True),
+    ("IPv4-compatible IPv6", "http://[::127.0.0.1]:{port}/wiki/Durn", True),
+    ("IPv4-translated IPv6", "http://[::ffff:0:7f00:1]:{port}/wiki/Durn", True),
+    ("ISATAP interface id", "http://[2a00:1450::5efe:7f00:1]:{port}/wiki/Durn", True),
     ("decimal IPv4", "http://2130706433:{port}/wiki/Durn", True),
     ("hex IPv4", "http://0x7f000001:{port}/wiki/Durn", True),
     ("octal IPv4", "http://0177.0.0.1:{port}/wiki/Durn", True),
@@ -64,6 +76,24 @@ def test_non_canonical_literals_are_named_in_the_refusal():
     for host in ("2130706433", "0x7f000001", "0177.0.0.1", "127.1"):
         with pytest.raises(UrlRefused, match=r"non-canonical IPv4 literal \(= 127\.0\.0\.1\)"):
             check_url(f"http://{host}/", set(), {}, allow_public=True)
+
+
+def test_embedded_ipv4_forms_are_decoded():
+    cases = {"2002:7f00:1::": ["127.0.0.1"], "64:ff9b::a00:1": ["10.0.0.1"], "64:ff9b:1::c0a8:1": ["192.168.0.1"],
+             "2001:0:4136:e378:8000:63bf:80ff:fffe": ["65.54.227.120", "127.0.0.1"], "::7f00:1": ["127.0.0.1"],
+             "::ffff:0:7f00:1": ["127.0.0.1"], "::ffff:7f00:1": ["127.0.0.1"], "fe80::5efe:a00:1": ["10.0.0.1"],
+             "2001:4860:4860::8888": [], "::1": []}
+    for address, expected in cases.items():
+        assert [str(v4) for v4 in embedded_ipv4(ipaddress.IPv6Address(address))] == expected, address
+
+
+def test_embedded_forms_refused_even_when_the_ipv4_is_public():
+    # a NAT64 / Teredo prefix is a translator we cannot see behind; 6to4 and ISATAP of a public IPv4 pass
+    for host in ("64:ff9b::808:808", "2001:0:4136:e378:8000:63bf:f7f7:f7f7", "::808:808"):
+        with pytest.raises(UrlRefused, match="non-public"):
+            check_url(f"http://[{host}]/", set(), {}, allow_public=True)
+    assert check_url("http://[2002:808:808::1]/", set(), {}, allow_public=True).connect_ip == "2002:808:808::1"
+    assert check_url("http://[2a00:1450::200:5efe:808:808]/", set(), {}, allow_public=True).connect_port == 80
 
 
 def test_public_literal_passes_and_is_pinned():
