@@ -2,36 +2,61 @@
 
     result = run_python("print(1 + 1)", SandboxLimits(timeout_s=5))
     result.status  # "ok" | "error" | "timeout" | "memory" | "killed" | "sandbox_error"
+    result.peak_memory_bytes, result.cgroup  # tree peak and "v1"/"v2"; None when no cgroup could be made
 
-What it does (with bubblewrap, the default when `bwrap` is on PATH):
-- bwrap, started as root, makes new pid/net/ipc/uts namespaces: no network (only the namespace's own loopback,
-  which reaches nothing on the host),
-  the program sees only its own processes; the whole namespace dies with its pid 1 and with our process.
-- the root file system is bind-mounted READ-ONLY, /tmp is a fresh small tmpfs, /proc and /dev are fresh;
-  `hidden_paths` (the project directory, /root, $HOME) are covered with empty tmpfs, so ~/.aws, project files
-  and secrets there are unreadable; only the Python prefixes (venv, base interpreter) are bound back, read-only.
-- inside, `setpriv` drops to an unprivileged uid/gid (65534) with no groups, no capabilities and no_new_privs;
-  that matters because we run as root and RLIMIT_NPROC does not bind root.
-- rlimits (set by `prlimit`, inherited by everything below it): address space (memory_mb), CPU seconds, processes (max_processes; counted per uid, system-wide),
-  file size (file_size_mb), core dumps off.
-- environment is replaced by a minimal one (PATH, HOME=workdir, LANG): no AWS_* / API keys reach the program.
-- a wall clock timeout SIGKILLs the whole process group; stdout/stderr are read continuously and only the head and
-  the tail (max_output_chars per stream) are kept, so a program printing forever costs memory O(limit).
-- the working directory is a fresh temp dir, deleted afterwards; Python runs with -I (isolated: no PYTHON* env,
-  no user site, script dir not on sys.path).
+What it does (with bubblewrap, the default when `bwrap` is on PATH; we run it as root, no user namespace):
+- new pid/net/ipc/uts/cgroup namespaces: no network (only the namespace's own loopback), abstract Unix sockets
+  live in the net namespace so none of the host's is reachable, the program sees only its own processes, and the
+  whole namespace dies with its pid 1 and with our process.
+- a MINIMAL root: an empty tmpfs holding only read-only binds of /usr/bin, /usr/lib, /usr/lib64 (+ the /bin,
+  /lib, /lib64 links), /etc/ld.so.cache and the Python prefixes (the venv, the base interpreter). No host /,
+  no project checkout, no /root or $HOME beyond the interpreter's own directory, no /run, /var, /sys, /home,
+  no other /etc file: a host file or socket outside those binds does not exist inside. The venv's editable
+  install (.pth finder pointing at the checkout) resolves to nothing, so project code cannot be imported.
+  Binds are nosuid,nodev (bwrap's default), so setuid binaries in /usr/bin do not raise privileges.
+- /tmp is a fresh tmpfs of `tmpfs_mb`, holding the working directory /tmp/work (the same path on every run, so
+  tracebacks are reproducible); the script is copied into it from a memfd (`bwrap --file`), nothing is written on
+  the host disk. /dev/shm is a private tmpfs of `shm_mb` (mode 1777, so multiprocessing works); /proc and /dev
+  are fresh (/dev: null, zero, full, random, urandom, tty, pts).
+- inside, `setpriv` drops to uid/gid 65534 with no groups, no capabilities and no_new_privs.
+- one cgroup per run, nested under our own (cgroup v1 memory + pids hierarchies, or a v2 group where our v2
+  group delegates memory and pids), joined by the first process of the command line (a one-line `sh` that
+  writes its pid to cgroup.procs and then execs the rest), so every process of the tree is in it before the
+  program starts:
+  memory.limit (+ memsw / swap.max: no swap) = memory_mb for the WHOLE tree, tmpfs and /dev/shm pages included;
+  pids.max = max_processes for the whole tree (threads count; the two bwrap processes too). An OOM kill in the
+  group gives status "memory"; the group's peak usage comes back as `peak_memory_bytes`. After the run (and on
+  timeout) every pid of the group is SIGKILLed and the group is removed.
+- rlimits (set by `prlimit`, inherited by everything below it): RLIMIT_AS = memory_mb per process (kept as a
+  belt: a single runaway process gets a clean MemoryError instead of an OOM kill, as before), RLIMIT_CPU = cpu_s
+  per process, RLIMIT_FSIZE = file_size_mb, core dumps off; RLIMIT_NPROC = max_processes only when there is no
+  pids cgroup (it counts per uid, system-wide, so concurrent sandboxes would share it).
+- environment is replaced by a minimal one (PATH, HOME=workdir, LANG): no AWS_* / API keys reach the program;
+  Python runs with -I (no PYTHON* env, no user site, script dir not on sys.path).
+- a wall clock timeout SIGKILLs the process group and every pid of the cgroup; stdout/stderr are read
+  continuously and only the head and the tail (max_output_chars per stream) are kept.
+
+Without a writable cgroup (`result.cgroup is None`): memory is limited PER PROCESS only (RLIMIT_AS; N processes
+may hold N x memory_mb), processes by RLIMIT_NPROC per uid (shared by concurrent sandboxes), no peak figure, and
+a SIGKILL we did not send is reported as "memory" (the kernel OOM killer being its usual sender).
 
 Fallback when bwrap is missing (or use_bwrap=False): `unshare --net --pid --fork --kill-child --mount-proc` +
-setpriv + the same rlimits: no network, own pid namespace, unprivileged uid. It needs root (unshare of net/pid
-namespaces). It does NOT hide any file: the program can read whatever uid 65534 can read (including the project
-directory if it is world-readable) and write world-writable places such as the host /tmp.
+setpriv + the same rlimits and cgroup: no network, own pid namespace, unprivileged uid. It needs root. It LACKS
+the minimal root: the program can read whatever uid 65534 can read on the host (including world-readable project
+files and other checkouts), connect to host Unix sockets whose permissions allow it, write world-writable host
+places such as /tmp, and its working directory is a host temp dir (disk use bounded per file only).
 
-What it does NOT cover in either mode: kernel exploits; CPU time stolen from co-tenants within the limits;
-/tmp tmpfs and workdir disk use beyond file_size_mb per file (file COUNT is not limited); side channels; reading
-world-readable host files outside hidden_paths (e.g. /etc/passwd is readable — it holds no secrets; /etc/shadow
-is not); concurrent sandboxes share the uid, so they share the max_processes budget.
+What it does NOT cover (bwrap mode): kernel exploits; side channels; CPU: RLIMIT_CPU is per process, so a tree of
+N processes may use up to N x cpu_s, bounded by the wall timeout x cores (no cgroup CPU quota: it would slow
+legitimate parallel programs); reading what the binds expose (system libraries and binaries, the interpreter,
+every package in the venv); /proc/self/mountinfo names the bound host paths, among them the venv's path (for a
+venv inside the checkout that names the checkout directory, though none of its other files is mounted); /proc
+shows host-wide figures (meminfo, cpuinfo, uptime, load); a venv or prefix that CONTAINS the checkout would
+expose it; leftover cgroups if our own process is SIGKILLed mid-run (empty, named afm-sandbox-*).
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -40,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,23 +75,23 @@ from afm.config import Config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SANDBOX_UID = 65534  # "nobody": owns nothing on the host
+MIB = 1024 * 1024
 
 
 class SandboxLimits(Config):
     """Limits for one sandboxed run."""
 
-    timeout_s: float = Field(30.0, description="Wall clock limit; the process group is SIGKILLed after it (AFM: 30 s)")
-    cpu_s: int = Field(30, description="RLIMIT_CPU seconds (SIGXCPU when exceeded)")
-    memory_mb: int = Field(1024, description="RLIMIT_AS in MiB (virtual address space of each process)")
+    timeout_s: float = Field(30.0, description="Wall clock limit; the whole tree is SIGKILLed after it (AFM: 30 s)")
+    cpu_s: int = Field(30, description="RLIMIT_CPU seconds per process (SIGXCPU when exceeded)")
+    memory_mb: int = Field(1024, description="Memory of the whole process tree (cgroup) and RLIMIT_AS per process")
     max_output_chars: int = Field(8000, description="Bytes of stdout and of stderr kept each (head + tail)")
-    max_processes: int = Field(64, description="RLIMIT_NPROC for the sandbox uid (forks beyond it fail)")
+    max_processes: int = Field(64, description="Processes + threads of the whole tree (cgroup pids.max; without a "
+                                               "cgroup: RLIMIT_NPROC of the sandbox uid)")
     file_size_mb: int = Field(16, description="RLIMIT_FSIZE in MiB: largest file the program may write")
-    tmpfs_mb: int = Field(64, description="Size of the fresh /tmp inside the sandbox (bwrap only)")
-    hidden_paths: list[str] = Field(
-        default_factory=lambda: [str(PROJECT_ROOT), "/root", str(Path.home())],
-        description="Directories covered with an empty tmpfs inside the sandbox (bwrap only)",
-    )
+    tmpfs_mb: int = Field(64, description="Size of the tmpfs holding /tmp and the working dir /tmp/work (bwrap)")
+    shm_mb: int = Field(16, description="Size of the private /dev/shm tmpfs (bwrap)")
     use_bwrap: bool = Field(True, description="Use bubblewrap when present; False forces the unshare fallback")
+    use_cgroup: bool = Field(True, description="Cap memory and pids of the tree with a cgroup when one is writable")
 
 
 @dataclass
@@ -76,6 +102,8 @@ class SandboxResult:
     stderr: str
     duration_s: float
     killed_by: str | None  # "wall_timeout", or a signal name such as "SIGXCPU" / "SIGKILL"
+    peak_memory_bytes: int | None = None  # peak of the whole tree (cgroup); None without a cgroup
+    cgroup: str | None = None  # "v1" / "v2" when memory and pids were capped for the tree; None: rlimits only
 
 
 class _HeadTailBuffer:
@@ -111,14 +139,169 @@ def _drain(stream, buffer: _HeadTailBuffer) -> None:
         buffer.feed(chunk)
 
 
-def _python_prefixes() -> list[str]:
-    """Directories the interpreter needs (venv + base install), bound back read-only over hidden paths."""
-    prefixes = {sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parents[1])}
-    return sorted(p for p in prefixes if p not in ("/", "/usr"))
+# ---------------------------------------------------------------------------------------------------- cgroups
+
+# file names per cgroup version: memory limit, swap limit, peak usage, the file whose "oom_kill N" line counts kills
+_CGROUP_FILES = {"v1": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.max_usage_in_bytes",
+                        "memory.oom_control"),
+                 "v2": ("memory.max", "memory.swap.max", "memory.peak", "memory.events")}
 
 
-# Where the program's fresh workdir appears inside bwrap (on the sandbox's private /tmp tmpfs).
+@functools.lru_cache(maxsize=1)
+def _cgroup_bases() -> tuple[str, tuple[Path, ...]] | None:
+    """Where our own cgroups are: ("v1", (memory dir, pids dir)) or ("v2", (dir,)); None when neither is mounted.
+    Children are made under our own groups so they nest under whatever limits we run with."""
+    try:
+        own = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
+        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    v1 = {}
+    for controller in ("memory", "pids"):
+        path = next((p for _, ctrls, p in own if controller in ctrls.split(",")), None)
+        mount = next((m[1] for m in mounts if m[2] == "cgroup" and controller in m[3].split(",")), None)
+        if path is not None and mount is not None:
+            v1[controller] = Path(mount + path.rstrip("/"))
+    if len(v1) == 2:
+        return "v1", (v1["memory"], v1["pids"])
+    path = next((p for hier, ctrls, p in own if hier == "0" and ctrls == ""), None)
+    mount = next((m[1] for m in mounts if m[2] == "cgroup2"), None)
+    if path is not None and mount is not None:
+        return "v2", (Path(mount + path.rstrip("/")),)
+    return None
+
+
+class _Cgroup:
+    """One run's cgroup(s): v1 = a memory group and a pids group, v2 = one group with both controllers."""
+
+    def __init__(self, version: str, dirs: list[Path]):
+        self.version, self.dirs = version, dirs
+        self.limit_file, self.swap_file, self.peak_file, self.events_file = _CGROUP_FILES[version]
+
+    @classmethod
+    def create(cls, limits: SandboxLimits) -> _Cgroup | None:
+        """A fresh group with the limits written, or None when none can be made here (not root, read-only)."""
+        bases = _cgroup_bases()
+        if bases is None:
+            return None
+        version, parents = bases
+        group = cls(version, [])
+        name = f"afm-sandbox-{uuid.uuid4().hex}"
+        try:
+            for parent in parents:
+                (parent / name).mkdir()
+                group.dirs.append(parent / name)
+            memory, pids = group.dirs[0], group.dirs[-1]
+            (memory / group.limit_file).write_text(str(limits.memory_mb * MIB))
+            if (memory / group.swap_file).exists():  # v1: memory+swap total; v2: swap alone
+                (memory / group.swap_file).write_text(str(limits.memory_mb * MIB) if version == "v1" else "0")
+            (pids / "pids.max").write_text(str(limits.max_processes))
+        except OSError:  # e.g. a v2 group without delegated controllers has no memory.max
+            group.remove()
+            return None
+        return group
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for group_dir in self.dirs:
+            try:
+                found.update(int(pid) for pid in (group_dir / "cgroup.procs").read_text().split())
+            except OSError:
+                continue
+        return found
+
+    def kill_all(self, wait_s: float = 2.0) -> None:
+        """SIGKILL every process of the group until it is empty (forks racing the kill are bounded by pids.max)."""
+        deadline = time.monotonic() + wait_s
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+
+    def peak_bytes(self) -> int | None:
+        try:
+            return int((self.dirs[0] / self.peak_file).read_text())
+        except (OSError, ValueError, IndexError):  # memory.peak needs Linux 5.19 on v2
+            return None
+
+    def oom_kills(self) -> int:
+        try:
+            lines = (self.dirs[0] / self.events_file).read_text().splitlines()
+        except (OSError, IndexError):
+            return 0
+        return sum(int(line.split()[1]) for line in lines if line.startswith("oom_kill "))
+
+    def remove(self) -> None:
+        # exiting tasks stay listed for a moment after the namespace dies: rmdir is EBUSY until they are gone
+        for path in self.dirs:
+            deadline = time.monotonic() + 2.0
+            while True:
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.002)
+
+
+def _join_cgroup(group: _Cgroup | None) -> list[str]:
+    """Command prefix: a shell that moves itself into the run's cgroup(s), then execs the rest, so everything
+    below it (prlimit, bwrap, the program) starts inside; no preexec_fn, which is unsafe with threads."""
+    if group is None:
+        return []
+    # v1: "0" into `tasks` moves the writing thread (sh has one) without the cgroup-wide lock that a write to
+    # cgroup.procs takes (an RCU grace period, ~10 ms per hierarchy here: a third of a trivial run).
+    # v2 has no such shortcut for a domain group: the pid goes into cgroup.procs.
+    target, value = ("tasks", "0") if group.version == "v1" else ("cgroup.procs", "$$")
+    script = (f'for f do [ "$f" = -- ] && break; echo {value} > "$f/{target}" || '
+              '{ echo "cgroup: cannot join $f" >&2; exit 125; }; shift; done; shift; exec "$@"')
+    return ["/bin/sh", "-c", script, "sh", *map(str, group.dirs), "--"]
+
+
+# ---------------------------------------------------------------------------------------- command lines
+
+# Where the program's working directory appears inside bwrap (on the sandbox's private /tmp tmpfs).
 INNER_WORKDIR = "/tmp/work"
+# System directories the interpreter, numpy's bundled libraries, setpriv and /bin/sh need; bound read-only
+# (or re-created as the same symlink where the host has merged /usr).
+_SYSTEM_PATHS = ("/usr/bin", "/usr/lib", "/usr/lib64", "/bin", "/lib", "/lib64", "/etc/ld.so.cache")
+
+
+def _python_prefixes() -> list[str]:
+    """Directories the interpreter needs: the venv and the base install (sys.prefix & co. and the real binary's)."""
+    prefixes = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+                str(Path(sys.executable).resolve().parents[1])}
+    covered = ("/usr/bin", "/usr/lib", "/usr/lib64")  # a system Python's prefix is /usr: already bound
+    return sorted(p for p in prefixes if p not in ("/", "/usr") and not p.startswith(covered))
+
+
+@functools.lru_cache(maxsize=1)
+def _root_binds() -> tuple[str, ...]:
+    """bwrap arguments that build the minimal root: parent directories (0755), system paths, Python prefixes."""
+    binds: list[tuple[str, str]] = []
+    for path in _SYSTEM_PATHS:
+        if os.path.islink(path):
+            binds.append(("--symlink", path))
+        elif os.path.exists(path):
+            binds.append(("--ro-bind", path))
+    prefixes = _python_prefixes()
+    # a prefix inside another one is visible through the outer bind already
+    binds += [("--ro-bind", p) for p in prefixes if not any(p != q and Path(p).is_relative_to(q) for q in prefixes)]
+    bound = [path for _, path in binds]
+    parents = sorted({str(parent) for path in bound for parent in Path(path).parents if str(parent) != "/"},
+                     key=lambda p: p.count("/"))
+    args: list[str] = []
+    for parent in parents:  # bwrap would make missing parents 0700, unreadable for uid 65534
+        args += ["--perms", "0755", "--dir", parent]
+    for kind, path in binds:
+        args += ["--symlink", os.readlink(path), path] if kind == "--symlink" else ["--ro-bind", path, path]
+    return tuple(args)
 
 
 def _drop_privileges() -> list[str]:
@@ -128,35 +311,78 @@ def _drop_privileges() -> list[str]:
     return ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--no-new-privs"]
 
 
-def _bwrap_command(workdir: Path, limits: SandboxLimits) -> list[str]:
-    cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-           "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
-           "--size", str(limits.tmpfs_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-    for hidden in limits.hidden_paths:
-        if Path(hidden).is_dir():
-            cmd += ["--tmpfs", hidden]
-    for prefix in _python_prefixes():
-        if any(Path(prefix).is_relative_to(h) for h in limits.hidden_paths):
-            cmd += ["--ro-bind", prefix, prefix]
-    cmd += ["--bind", str(workdir), INNER_WORKDIR, "--chdir", INNER_WORKDIR]
-    return cmd + _drop_privileges()
+def _bwrap_command(script_fd: int, limits: SandboxLimits) -> list[str]:
+    return ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", *_root_binds(),
+            "--size", str(limits.tmpfs_mb * MIB), "--perms", "1777", "--tmpfs", "/tmp",
+            "--perms", "0777", "--dir", INNER_WORKDIR,
+            "--perms", "0644", "--file", str(script_fd), f"{INNER_WORKDIR}/main.py",
+            "--proc", "/proc", "--dev", "/dev",  # /dev before /dev/shm: --dev mounts a fresh /dev over it
+            "--size", str(limits.shm_mb * MIB), "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--chdir", INNER_WORKDIR, *_drop_privileges()]
 
 
 def _fallback_command() -> list[str]:
     return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"] + _drop_privileges()
 
 
-def _rlimit_command(limits: SandboxLimits) -> list[str]:
+def _rlimit_command(limits: SandboxLimits, group: _Cgroup | None) -> list[str]:
     """prlimit sets the limits on itself and execs the rest; bwrap, setpriv and the program inherit them.
     (A preexec_fn would do the same but is unsafe when the caller has threads, e.g. a Ray actor.)"""
-    mb = 1024 * 1024
-    return ["prlimit", f"--as={limits.memory_mb * mb}", f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
-            f"--nproc={limits.max_processes}", f"--fsize={limits.file_size_mb * mb}", "--core=0", "--"]
+    nproc = [] if group is not None else [f"--nproc={limits.max_processes}"]
+    return ["prlimit", f"--as={limits.memory_mb * MIB}", f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", *nproc,
+            f"--fsize={limits.file_size_mb * MIB}", "--core=0", "--"]
 
 
-def _classify(returncode: int, stderr: str, timed_out: bool) -> tuple[str, str | None]:
+def _env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "TMPDIR": "/tmp",
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run_python(code: str, limits: SandboxLimits) -> SandboxResult:
+    """Run `code` as a script in a fresh sandbox; never raises for anything the program does."""
+    group = _Cgroup.create(limits) if limits.use_cgroup else None
+    try:
+        if limits.use_bwrap and shutil.which("bwrap"):
+            return _run_bwrap(code, limits, group)
+        return _run_unshare(code, limits, group)
+    finally:
+        if group is not None:
+            group.remove()
+
+
+def _run_bwrap(code: str, limits: SandboxLimits, group: _Cgroup | None) -> SandboxResult:
+    script_fd = os.memfd_create("main.py")  # bwrap copies it into the sandbox's tmpfs; nothing on the host disk
+    try:
+        os.write(script_fd, code.encode("utf-8"))
+        os.lseek(script_fd, 0, os.SEEK_SET)
+        command = (_join_cgroup(group) + _rlimit_command(limits, group) + _bwrap_command(script_fd, limits)
+                   + [sys.executable, "-I", f"{INNER_WORKDIR}/main.py"])
+        return _execute(command, "/", _env(INNER_WORKDIR), limits, group, (script_fd,))
+    finally:
+        os.close(script_fd)
+
+
+def _run_unshare(code: str, limits: SandboxLimits, group: _Cgroup | None) -> SandboxResult:
+    workdir = Path(tempfile.mkdtemp(prefix="afm-sandbox-"))
+    try:
+        script = workdir / "main.py"
+        script.write_text(code, encoding="utf-8")
+        if os.geteuid() == 0:
+            os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
+            os.chown(script, SANDBOX_UID, SANDBOX_UID)
+        command = (_join_cgroup(group) + _rlimit_command(limits, group) + _fallback_command()
+                   + [sys.executable, "-I", str(script)])
+        return _execute(command, str(workdir), _env(str(workdir)), limits, group, ())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _classify(returncode: int, stderr: str, timed_out: bool, oom_kills: int | None) -> tuple[str, str | None]:
+    """oom_kills: the cgroup's OOM kill count, None without a cgroup."""
     if timed_out:
-        return "timeout", "wall_timeout"
+        return ("memory" if oom_kills else "timeout"), "wall_timeout"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -164,11 +390,12 @@ def _classify(returncode: int, stderr: str, timed_out: bool) -> tuple[str, str |
             name = f"signal {-returncode}"
         if name == "SIGXCPU":
             return "timeout", name
-        # SIGKILL that we did not send: the kernel OOM killer is the usual sender
-        return ("memory" if name == "SIGKILL" else "killed"), name
+        if oom_kills is None:  # no cgroup to ask: a SIGKILL we did not send is usually the OOM killer
+            return ("memory" if name == "SIGKILL" else "killed"), name
+        return ("memory" if oom_kills else "killed"), name
     if returncode == 0:
         return "ok", None
-    if "MemoryError" in stderr[-2000:]:
+    if oom_kills or "MemoryError" in stderr[-2000:]:
         return "memory", None
     return "error", None
 
@@ -181,34 +408,12 @@ def _signal_from_exit(returncode: int) -> int:
     return returncode
 
 
-def run_python(code: str, limits: SandboxLimits) -> SandboxResult:
-    """Run `code` as a script in a fresh sandbox; never raises for anything the program does."""
-    workdir = Path(tempfile.mkdtemp(prefix="afm-sandbox-"))
-    try:
-        script = workdir / "main.py"
-        script.write_text(code, encoding="utf-8")
-        if os.geteuid() == 0:
-            os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
-            os.chown(script, SANDBOX_UID, SANDBOX_UID)
-        use_bwrap = limits.use_bwrap and shutil.which("bwrap")
-        wrapper = _bwrap_command(workdir, limits) if use_bwrap else _fallback_command()
-        # Inside bwrap the workdir always has the same path, so the same program gives the same output
-        # (tracebacks name the script's path): rollouts and the tool cache stay reproducible.
-        inner = Path(INNER_WORKDIR) if use_bwrap else workdir
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(inner), "LANG": "C.UTF-8",
-               "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "TMPDIR": "/tmp",
-               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        command = _rlimit_command(limits) + wrapper + [sys.executable, "-I", str(inner / "main.py")]
-        return _execute(command, workdir, env, limits)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _execute(cmd: list[str], workdir: Path, env: dict, limits: SandboxLimits) -> SandboxResult:
+def _execute(cmd: list[str], cwd: str, env: dict, limits: SandboxLimits, group: _Cgroup | None,
+             pass_fds: tuple[int, ...]) -> SandboxResult:
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
     except OSError as exc:
         return SandboxResult("sandbox_error", None, "", f"could not start the sandbox: {exc}", 0.0, None)
     out, err = _HeadTailBuffer(limits.max_output_chars), _HeadTailBuffer(limits.max_output_chars)
@@ -222,16 +427,23 @@ def _execute(cmd: list[str], workdir: Path, env: dict, limits: SandboxLimits) ->
     except subprocess.TimeoutExpired:
         timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)
+        if group is not None:
+            group.kill_all()
         proc.wait()
     duration = time.monotonic() - start
+    if group is not None:
+        group.kill_all()  # normally empty already: the pid namespace dies with bwrap
     for reader in readers:
         # a grandchild that escaped the group could hold the pipe open; the pid namespace dies with bwrap,
         # so this join only waits for buffered bytes
         reader.join(timeout=2.0)
     stdout, stderr = out.text(), err.text()
     returncode = _signal_from_exit(proc.returncode) if not timed_out else proc.returncode
-    status, killed_by = _classify(returncode, stderr, timed_out)
+    oom_kills = group.oom_kills() if group is not None else None
+    status, killed_by = _classify(returncode, stderr, timed_out, oom_kills)
     exit_code = returncode if returncode >= 0 and not timed_out else None
-    if stderr.startswith(("bwrap:", "setpriv:", "prlimit:", "unshare:")) and not stdout:
+    if stderr.startswith(("bwrap:", "setpriv:", "prlimit:", "unshare:", "cgroup:")) and not stdout:
         status = "sandbox_error"  # the wrapper itself failed (a mount, a uid switch): the program never ran
-    return SandboxResult(status, exit_code, stdout, stderr, duration, killed_by)
+    return SandboxResult(status, exit_code, stdout, stderr, duration, killed_by,
+                         peak_memory_bytes=group.peak_bytes() if group is not None else None,
+                         cgroup=group.version if group is not None else None)
