@@ -11,6 +11,7 @@ Usage:
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -50,13 +51,24 @@ def load_policy(
         return _load_local(local, dtype, device)
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
-    """Write model (safetensors) + tokenizer to `out_dir` atomically; an existing `out_dir` is replaced."""
+def save_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write model (safetensors) + tokenizer to `out_dir` atomically; an existing `out_dir` is replaced.
+
+    `state_dict`: the weights to write instead of the module's own (a sharded trainer's gathered full state
+    dict, in the dtype to store); config.json then records that dtype, not the module's fp32 master weights.
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state_dict)
+        if state_dict:
+            config = json.loads((tmp / "config.json").read_text())
+            config["dtype"] = str(next(iter(state_dict.values())).dtype).removeprefix("torch.")
+            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         tokenizer.save_pretrained(tmp)
         if out_dir.exists():
             # A non-empty directory cannot be os.replace'd: move the old policy aside, then the new one in.

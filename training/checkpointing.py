@@ -1,6 +1,13 @@
-"""Training checkpoints shared by SFT and RL: model + optimizer + scheduler + RNG + caller state, atomic, keep last K.
+"""Training checkpoints: model + optimizer + scheduler + RNG + caller state, atomic, keep last K.
 
-A checkpoint is a directory:
+Two layouts, the same directory naming, atomicity and pruning:
+- sharded (SFT, any parallelism): `save_sharded_checkpoint` / `load_sharded_checkpoint`. torch.distributed.
+  checkpoint (DCP) writes every rank's own shard of model and optimizer (`__<rank>_0.distcp` + `.metadata`);
+  rank 0 adds scheduler.pt, rng.pt, trainer_state.json. Loading reshards: a checkpoint written by 2 workers
+  resumes on 1 or 4 (FSDP2 DTensors and DDP/plain tensors alike, through get_state_dict/set_state_dict).
+- whole (RL's single-process learner): `save_checkpoint` / `load_checkpoint`, the files below.
+
+A whole checkpoint is a directory:
     model.pt            model state_dict (DDP wrapper removed)
     optimizer.pt        optimizer state_dict
     scheduler.pt        LR scheduler state_dict
@@ -12,6 +19,8 @@ Usage:
     latest = latest_checkpoint(root)                                   # None before the first save
     state = load_checkpoint(latest, model, optimizer, scheduler)       # restores RNG too; returns trainer_state
     write_checkpoint(tmp_dir, ...)                                      # same files into a given dir (Ray Train)
+    save_sharded_checkpoint(root, step, model, optimizer, scheduler, state, keep_last, rank)   # on every rank
+    state = load_sharded_checkpoint(latest_checkpoint(root), model, optimizer, scheduler)     # on every rank
 
 Atomicity: everything is written into a hidden temp directory next to the target, fsynced, then renamed to
 `step-XXXXXXXX`; a process killed mid-save (kill -9) leaves only a `.tmp-*` directory, which
@@ -32,6 +41,9 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
 STATE_FILE = "trainer_state.json"
@@ -73,6 +85,13 @@ def _save_fsynced(obj: Any, path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def _write_json_fsynced(obj: Any, path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=2, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def write_checkpoint(
     directory: Path,
     model: torch.nn.Module,
@@ -86,10 +105,27 @@ def write_checkpoint(
     _save_fsynced(optimizer.state_dict(), directory / "optimizer.pt")
     _save_fsynced(scheduler.state_dict(), directory / "scheduler.pt")
     _save_fsynced(capture_rng_state(), directory / "rng.pt")
-    with open(directory / STATE_FILE, "w", encoding="utf-8") as handle:
-        json.dump(state, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
+    _write_json_fsynced(state, directory / STATE_FILE)
+    return directory
+
+
+def write_sharded_checkpoint(
+    directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: dict[str, Any],
+    rank: int,
+) -> Path:
+    """Collective: this rank's shard of model + optimizer into `directory` (DCP); rank 0 adds scheduler, RNG
+    and `state`. Ranks may pass different local directories (Ray Train merges the reported ones)."""
+    directory = Path(directory)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory, no_dist=not dist.is_initialized())
+    if rank == 0:
+        _save_fsynced(scheduler.state_dict(), directory / "scheduler.pt")
+        _save_fsynced(capture_rng_state(), directory / "rng.pt")
+        _write_json_fsynced(state, directory / STATE_FILE)
     return directory
 
 
@@ -140,6 +176,61 @@ def save_checkpoint(
             shutil.rmtree(tmp)
     prune_checkpoints(root, keep_last)
     return target
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def save_sharded_checkpoint(
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: dict[str, Any],
+    keep_last: int,
+    rank: int,
+) -> Path:
+    """Collective, on a directory every rank sees: write `root/step-XXXXXXXX` atomically, keep the newest K."""
+    root = Path(root)
+    target = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}"  # one name all ranks agree on; rank 0 renames it once all wrote
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    write_sharded_checkpoint(tmp, model, optimizer, scheduler, {**state, "step": step}, rank)
+    _barrier()
+    if rank == 0:
+        if target.exists():  # re-saving a step after a resume: replace the older copy
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        _fsync_dir(root)
+        prune_checkpoints(root, keep_last)
+    _barrier()
+    return target
+
+
+def load_sharded_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """Collective: load a sharded checkpoint into this rank's (possibly differently sharded) model and
+    optimizer; restore scheduler and RNG; return trainer_state."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{path}: no {STATE_FILE}; not a checkpoint written by training.checkpointing")
+    model_state, optim_state = get_state_dict(model, optimizer)
+    loaded = {"model": model_state, "optim": optim_state}
+    dcp.load(loaded, checkpoint_id=path, no_dist=not dist.is_initialized())  # fills the tensors in place, each rank reading only its own slices
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    restore_rng_state(torch.load(path / "rng.pt", weights_only=False))  # our own file (see load_checkpoint)
+    return json.loads((path / STATE_FILE).read_text())
 
 
 def load_checkpoint(

@@ -5,7 +5,8 @@ Pipeline (plain functions, no Ray/Prefect):
     rows = pack_examples(examples, max_len) if pack else [[e] for e in examples]
     order = epoch_row_order(len(rows), seed, epoch)
     batch = collate_rows([rows[i] for i in order[:4]])     # one flat (1, N) sequence of the rows' examples
-    loss_sum, n_targets = token_loss_sum(model, batch), count_targets(batch)
+    n_targets = count_targets(batch)           # the loss itself: training/sft_loss.py
+    path, manifest = resolve_dataset("s3://afm/artifacts/stages/distill-<key>", "train.jsonl", work_dir)  # or a .jsonl
 
 Labels. `labels[t] = input_ids[t]` where the model wrote token t (loss mask 1) and -100 on the prompt and on
 EVERY observation token (tags and newlines included), as `models.tokenizer.encode_trajectory` masks them.
@@ -29,20 +30,19 @@ test_sft_data.py checks both against each example alone), and flash-attention-2 
 cu_seqlens. `model_inputs` passes `attention_mask=None` and `use_cache=False`: with a KV cache or a 2D mask
 transformers silently falls back to one causal mask over the whole sequence, letting examples see each other.
 
-Only target positions reach the LM head. `token_loss_sum` asks the model for the logits of the positions whose
-next token carries a label (`logits_to_keep`); prompt and observation positions (~60% of CoA tokens) never pay
-for the (hidden x vocab) projection and the softmax. The loss is the same sum (tested).
+Only target positions reach the LM head (`target_positions`; the chunked loss is in training/sft_loss.py).
 """
 from __future__ import annotations
 
 import bisect
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
+from afm.storage import open_store, sha256_file
 from models.format import Trajectory
 from models.tokenizer import EncodedExample, encode_trajectory
 
@@ -200,13 +200,25 @@ def count_targets(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
-def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum over target tokens of next-token cross-entropy (float32). Divide by the step's target count.
+def resolve_dataset(dataset: str, dataset_file: str, work_dir: Path) -> tuple[Path, dict]:
+    """A local JSONL path for `dataset` and its manifest (`uri`, `digest`, ...).
 
-    Summing (not averaging) per micro-batch is what makes gradient accumulation and data parallelism
-    token-weighted: every target token of a step counts once, whatever micro-batch or worker it landed in.
+    A `.jsonl` file is used in place (manifest made here: digest = its sha256); anything else is an
+    artifact (`<root>/<name>` directory or s3:// URI) fetched sha256-verified into `work_dir`.
     """
-    keep = target_positions(batch)
-    logits = model(**model_inputs(batch), logits_to_keep=keep.to(batch["input_ids"].device)).logits[0].float()
-    targets = batch["labels"][0, keep + 1].to(logits.device)
-    return F.cross_entropy(logits, targets, reduction="sum")
+    path = Path(dataset)
+    if dataset.endswith(".jsonl") and path.is_file():
+        digest = sha256_file(path)
+        return path, {"uri": str(path.resolve()), "digest": digest, "files": {path.name: {"sha256": digest}}}
+    root, _, name = dataset.rstrip("/").rpartition("/")
+    store = open_store(root or ".")
+    manifest = store.read_manifest(name)
+    if manifest is None:
+        raise FileNotFoundError(
+            f"dataset {dataset!r}: neither a .jsonl file nor an artifact with a manifest.json; "
+            f"pass the trajectories file or the artifact written by the filtering stage"
+        )
+    if dataset_file not in manifest["files"]:
+        raise FileNotFoundError(f"dataset {dataset!r}: no {dataset_file!r} in its manifest (has {sorted(manifest['files'])}); set dataset_file")
+    local = store.fetch_artifact(name, Path(work_dir) / name)
+    return local / dataset_file, manifest

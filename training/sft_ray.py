@@ -1,11 +1,14 @@
 """SFT on Ray Train: the same `train_worker` loop as `run_sft_local`, on `num_workers` data-parallel workers.
 
-`TorchTrainer` + `ScalingConfig(num_workers, use_gpu)`: gloo on CPU, NCCL on GPU; `prepare_model` wraps the
-model in DDP. Checkpoints go to Ray Train storage (`checkpoint_uri`: a directory, or s3://bucket/prefix via a
-pyarrow S3 filesystem honouring AWS_ENDPOINT_URL), Ray keeps the last `keep_last`, and
-`FailureConfig(max_failures)` restarts dead workers from the latest one (exactly: see sft_trainer's doc).
-The driver owns the MLflow run; rank 0 appends metrics to it; the final policy travels inside the last
-checkpoint and is copied to `<output_dir>/policy`, then registered.
+`TorchTrainer` + `ScalingConfig(num_workers, use_gpu)`: Ray makes the process group (gloo on CPU, NCCL on
+GPU); the trainer wraps the model for `sft.parallelism` itself (DDP or FSDP2, training/parallel.py).
+Checkpoints are sharded (DCP): every worker writes its own shard into a local directory and reports it, and
+Ray Train merges the reported directories into one checkpoint in its storage (`checkpoint_uri`: a directory,
+or s3://bucket/prefix via a pyarrow S3 filesystem honouring AWS_ENDPOINT_URL). Ray keeps the last
+`keep_last`, and `FailureConfig(max_failures)` restarts dead workers from the latest one (exactly: see
+sft_trainer's doc), on any worker count. The driver owns the MLflow run; rank 0 appends metrics to it; the
+final policy (gathered once, training dtype) travels inside the last checkpoint and is copied to
+`<output_dir>/policy`, then registered.
 
     ray.init(num_cpus=2)                       # or an existing cluster
     result = train_sft(load_config(SFTConfig, "configs/sft.yaml", ["num_workers=2"]))
@@ -25,20 +28,20 @@ from urllib.parse import urlparse
 import pyarrow.fs
 import ray
 import ray.train
-import ray.train.torch
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from afm.ray_local import init_local_ray
-from models.policy import save_policy
-from training.checkpointing import unwrap_model, write_checkpoint
+from training.checkpointing import write_sharded_checkpoint
 from training.sft_data import DataReport
-from training.sft_trainer import SFTConfig, SFTResult, TrainOutcome, TrainParts, WorkerContext, train_worker
-from training.sft_tracking import finish_sft_run, start_sft_run
+from training.sft_trainer import (
+    SFTConfig, SFTResult, TrainOutcome, TrainParts, WorkerContext, export_policy, train_worker, worker_device,
+)
+from training.sft_tracking import StepMetricsLogger, finish_sft_run, start_sft_run
 
 
 class RaySink:
-    """Checkpoints and reports through Ray Train; only rank 0 writes checkpoint files."""
+    """Checkpoints and reports through Ray Train: every rank reports its own shard's directory."""
 
     def __init__(self, rank: int):
         self.rank = rank
@@ -51,13 +54,11 @@ class RaySink:
         metrics = {**metrics, "step": step}
         if final:
             metrics.update(parts.data.as_metrics())
-        if self.rank != 0:
-            ray.train.report(metrics)
-            return
         with tempfile.TemporaryDirectory(prefix="afm-sft-ckpt-") as tmp:
-            write_checkpoint(Path(tmp), parts.model, parts.optimizer, parts.scheduler, {**state, "step": step})
+            write_sharded_checkpoint(Path(tmp), parts.model, parts.optimizer, parts.scheduler, {**state, "step": step},
+                                     self.rank)
             if final:
-                save_policy(unwrap_model(parts.model), parts.tokenizer, Path(tmp) / "policy")
+                export_policy(parts, self.rank, Path(tmp) / "policy")
             # Ray copies the directory into run storage before report returns, so tmp may go afterwards.
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
@@ -70,13 +71,12 @@ def sft_worker_loop(config: dict[str, Any]) -> None:
     cfg = SFTConfig.model_validate(config["cfg"])
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    ctx = WorkerContext(
-        rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
-        prepare_model=ray.train.torch.prepare_model, sink=RaySink(rank),
-    )
+    ctx = WorkerContext(rank=rank, world_size=context.get_world_size(),
+                        device=worker_device(cfg, context.get_local_rank()), sink=RaySink(rank))
+    logger = StepMetricsLogger(config["tracking_uri"], config["run_id"]) if rank == 0 else None
     work_dir = Path(tempfile.mkdtemp(prefix="afm-sft-data-"))
     try:
-        train_worker(cfg, ctx, config["run_id"], config["tracking_uri"], work_dir)
+        train_worker(cfg, ctx, work_dir, logger)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 

@@ -5,7 +5,7 @@ The driver owns the run (`start_sft_run` ... `finish_sft_run`); workers only app
 id (`StepMetricsLogger`), so Ray Train workers need no active-run state, only the tracking URI.
 
     with start_sft_run(cfg, work_dir) as (run_id, tracking_uri):
-        logger = StepMetricsLogger(tracking_uri, run_id, data_report)   # on rank 0
+        logger = StepMetricsLogger(tracking_uri, run_id)                # on rank 0
         logger.log({"loss": 2.1, "lr": 1e-3}, step=1); logger.flush()
         version = finish_sft_run(cfg, run_id, policy_dir, outcome)
 """
@@ -27,47 +27,22 @@ from mlflow.tracking import MlflowClient
 from afm import tracking
 from evaluation.lineage import lineage_tags
 from afm.storage import open_store, sha256_file
+from training.sft_data import resolve_dataset
 
 if TYPE_CHECKING:
-    from training.sft_data import DataReport
     from training.sft_trainer import SFTConfig, TrainOutcome
 
 # MLflow accepts at most 1000 metrics per log_batch call.
 _MAX_BATCH = 1000
 
 
-def resolve_dataset(dataset: str, dataset_file: str, work_dir: Path) -> tuple[Path, dict]:
-    """A local JSONL path for `dataset` and its manifest (`uri`, `digest`, ...).
-
-    A `.jsonl` file is used in place (manifest made here: digest = its sha256); anything else is an
-    artifact (`<root>/<name>` directory or s3:// URI) fetched sha256-verified into `work_dir`.
-    """
-    path = Path(dataset)
-    if dataset.endswith(".jsonl") and path.is_file():
-        digest = sha256_file(path)
-        return path, {"uri": str(path.resolve()), "digest": digest, "files": {path.name: {"sha256": digest}}}
-    root, _, name = dataset.rstrip("/").rpartition("/")
-    store = open_store(root or ".")
-    manifest = store.read_manifest(name)
-    if manifest is None:
-        raise FileNotFoundError(
-            f"dataset {dataset!r}: neither a .jsonl file nor an artifact with a manifest.json; "
-            f"pass the trajectories file or the artifact written by the filtering stage"
-        )
-    if dataset_file not in manifest["files"]:
-        raise FileNotFoundError(f"dataset {dataset!r}: no {dataset_file!r} in its manifest (has {sorted(manifest['files'])}); set dataset_file")
-    local = store.fetch_artifact(name, Path(work_dir) / name)
-    return local / dataset_file, manifest
-
-
 class StepMetricsLogger:
     """Buffers per-step metrics and writes them to an existing MLflow run in batches (one call per flush)."""
 
-    def __init__(self, tracking_uri: str, run_id: str, data: "DataReport"):
+    def __init__(self, tracking_uri: str, run_id: str):
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.run_id = run_id
         self.pending: list[Metric] = []
-        self.log(data.as_metrics(), step=0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)

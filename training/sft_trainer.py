@@ -3,7 +3,14 @@
 Reads top to bottom: `setup` (model, data, optimizer, schedule, resume) -> `train` (steps with gradient
 accumulation, clipping, checkpoints, metrics) -> final checkpoint + policy -> `cleanup`.
 `run_sft_local(cfg)` runs it in this process (one worker, no Ray) inside one MLflow run;
-`training.sft_ray.train_sft(cfg)` runs the same `train_worker` on `num_workers` Ray Train workers (DDP).
+`training.sft_ray.train_sft(cfg)` runs the same `train_worker` on `num_workers` Ray Train workers;
+`run_sft_worker(cfg, rank, world_size, device)` runs it in a process of a process group made elsewhere
+(torch.multiprocessing in tests, the GPU check: no Ray, no MLflow imported).
+
+Parallelism (`sft.parallelism`, training/parallel.py): `ddp` replicates the model on every worker; `fsdp` shards
+parameters, gradients and AdamW state over the workers with FSDP2 (bf16 compute on GPU). Checkpoints are
+sharded (DCP, training/checkpointing.py) whatever the parallelism, and resume on another worker count. The
+final policy is gathered once and written as an HF safetensors directory in the training dtype.
 
     cfg = load_config(SFTConfig, "configs/sft.yaml", overrides=["max_steps=100"])
     result = run_sft_local(cfg)      # result.policy_dir, result.final_loss, result.model_version
@@ -31,7 +38,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -43,13 +50,15 @@ from afm.config import Config
 from models.format import read_jsonl
 from models.packed_attention import PACKED_ATTENTION
 from models.policy import load_policy, save_policy
-from training.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint, unwrap_model
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
 from training.lr import warmup_schedule
+from training.parallel import Parallelism, clip_grad_norm, grad_sync, hf_model, parallelize, single_process_group
 from training.sft_data import (
     DataReport, SFTExample, build_examples, collate_rows, count_targets, epoch_row_order, pack_examples,
-    token_loss_sum,
+    resolve_dataset,
 )
-from training.sft_tracking import StepMetricsLogger, finish_sft_run, resolve_dataset, start_sft_run
+from training.sft_loss import token_loss_sum
 
 
 class SFTConfig(Config):
@@ -78,7 +87,16 @@ class SFTConfig(Config):
     cpus_per_worker: int | None = Field(None, ge=1, description="CPUs (= torch threads) per CPU worker; None: the "
                                                                 "Ray cluster's CPUs / num_workers.")
     use_gpu: bool = Field(False, description="One GPU per worker (NCCL); False trains on CPU (gloo).")
-    bf16: bool = Field(True, description="bf16 autocast for the forward pass; applied on GPU only, CPU stays float32.")
+    parallelism: Parallelism = Field("ddp", description="ddp: a full model, gradients and AdamW state on every worker; "
+                                                        "fsdp: FSDP2 shards them over the workers (each decoder layer and the "
+                                                        "root), needed for models whose training state exceeds one device.")
+    bf16: bool = Field(True, description="GPU only (CPU stays float32): bf16 compute with fp32 master weights, fp32 "
+                                         "gradient reduction (fsdp), bf16 autocast (ddp); the final policy is saved in bf16.")
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward "
+                                                              "instead of keeping them (~1/3 more compute, activation "
+                                                              "memory of one layer instead of all).")
+    loss_chunk_tokens: int = Field(2048, ge=1, description="Target positions per LM-head + cross-entropy chunk: at "
+                                                           "most this many rows of fp32 logits exist at once.")
     checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N optimizer steps (and at the end).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept; older ones are deleted.")
     max_failures: int = Field(2, ge=0, description="Ray Train restarts from the latest checkpoint after a worker dies.")
@@ -122,12 +140,19 @@ class CheckpointSink(Protocol):
     def report(self, metrics: dict[str, float]) -> None: ...
 
 
+class MetricsLogger(Protocol):
+    """Where rank 0's per-step metrics go (MLflow in runs, a list in tests)."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+
 @dataclass
 class WorkerContext:
     rank: int
     world_size: int
     device: torch.device
-    prepare_model: Callable[[torch.nn.Module], torch.nn.Module]  # DDP wrapping (Ray) or identity (local)
     sink: CheckpointSink
 
 
@@ -146,6 +171,7 @@ class TrainParts:
     start_step: int
     elapsed_s: float
     fingerprint: dict[str, Any]
+    policy_dtype: torch.dtype  # the training dtype the final policy is saved in
 
 
 def seed_everything(seed: int) -> None:
@@ -166,10 +192,11 @@ def adamw(model: torch.nn.Module, cfg: SFTConfig) -> torch.optim.AdamW:
 def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     """Seed, load the policy and data, pack rows, build optimizer/schedule, resume from the latest checkpoint."""
     seed_everything(cfg.seed)
+    # fp32 master weights on every path; bf16 exists only as FSDP's compute copy or DDP's autocast (GPU).
     model, tokenizer = load_policy(cfg.model_path, dtype=torch.float32)
     model.set_attn_implementation(PACKED_ATTENTION)  # per-example attention over the flat micro-batch (sft_data doc)
-    model = ctx.prepare_model(model.to(ctx.device))
     model.train()
+    model = parallelize(model, cfg.parallelism, ctx.device, ctx.world_size, cfg.bf16, cfg.activation_checkpointing)
     data_path, manifest = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
     examples, report = build_examples(read_jsonl(data_path), tokenizer, cfg.system_prompt, cfg.max_len)
     rows = pack_examples(examples, cfg.max_len) if cfg.pack else [[e] for e in examples]
@@ -191,16 +218,17 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     start_step, elapsed_s = 0, 0.0
     checkpoint = ctx.sink.latest()
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, model, optimizer, scheduler)
+        state = load_sharded_checkpoint(checkpoint, model, optimizer, scheduler)
         if state["fingerprint"] != fingerprint:
             raise ValueError(
                 f"checkpoint {checkpoint} was made with {state['fingerprint']}, this run has {fingerprint}; "
                 f"use a new output_dir/run_name or the original data and batch settings"
             )
         start_step, elapsed_s = state["step"], state["elapsed_s"]
+    policy_dtype = torch.bfloat16 if cfg.bf16 and ctx.device.type == "cuda" else torch.float32
     return TrainParts(
         model, tokenizer, optimizer, scheduler, rows, report, steps_per_epoch, total_steps, start_step, elapsed_s,
-        fingerprint,
+        fingerprint, policy_dtype,
     )
 
 
@@ -231,18 +259,19 @@ def all_reduce_sum(values: list[float], ctx: WorkerContext) -> list[float]:
 def train_step(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, batches: list[dict], global_targets: float) -> tuple[float, float]:
     """Forward/backward every micro-batch, clip, step. Returns (this worker's loss sum, grad norm)."""
     model = parts.model
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and ctx.device.type == "cuda")
+    # FSDP's MixedPrecisionPolicy already computes in bf16; DDP needs autocast for it.
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16,
+                              enabled=cfg.bf16 and ctx.device.type == "cuda" and cfg.parallelism == "ddp")
     loss_sum = 0.0
     for i, batch in enumerate(batches):
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
-        # DDP averages gradients over workers; scaling by world_size / global_targets turns that into a sum
-        # over every target token of the step divided by their count (token-weighted mean).
-        sync = contextlib.nullcontext() if i == len(batches) - 1 or ctx.world_size == 1 else model.no_sync()
-        with sync, autocast:
-            summed = token_loss_sum(model, batch)
+        # DDP and FSDP average gradients over workers; scaling by world_size / global_targets turns that into a
+        # sum over every target token of the step divided by their count (token-weighted mean).
+        with grad_sync(model, enabled=i == len(batches) - 1), autocast:
+            summed = token_loss_sum(model, batch, cfg.loss_chunk_tokens)
             (summed * (ctx.world_size / global_targets)).backward()
         loss_sum += summed.item()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+    grad_norm = clip_grad_norm(model, cfg.max_grad_norm)
     parts.optimizer.step()
     parts.scheduler.step()
     parts.optimizer.zero_grad(set_to_none=True)
@@ -257,7 +286,7 @@ def checkpoint_state(parts: TrainParts, step: int, elapsed_s: float, loss: float
     }
 
 
-def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMetricsLogger | None) -> TrainOutcome:
+def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: MetricsLogger | None) -> TrainOutcome:
     """The optimisation loop from `parts.start_step` to `total_steps`, the time budget, or the end of data."""
     loss, step = float("nan"), parts.start_step
     elapsed_s, order_epoch, order = parts.elapsed_s, -1, []
@@ -312,13 +341,23 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: StepMet
     return TrainOutcome(loss, step, mean_tokens_per_s, parts.data)
 
 
-def cleanup(logger: StepMetricsLogger | None) -> None:
+def cleanup(logger: MetricsLogger | None) -> None:
     if logger is not None:
         logger.flush()
 
 
+def export_policy(parts: TrainParts, rank: int, out_dir: Path) -> None:
+    """Collective: gather the full weights (on CPU, rank 0 only) and write them once as an HF safetensors
+    directory in the training dtype."""
+    full = get_model_state_dict(parts.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        state = {k: v.to(parts.policy_dtype) for k, v in full.items()}
+        save_policy(hf_model(parts.model), parts.tokenizer, out_dir, state_dict=state)
+
+
 class LocalSink:
-    """Checkpoints in `<output_dir>/checkpoints` (keep last K); the final policy in `<output_dir>/policy`."""
+    """Checkpoints in `<output_dir>/checkpoints` (keep last K), on a directory all ranks share; the final
+    policy in `<output_dir>/policy`."""
 
     def __init__(self, cfg: SFTConfig, rank: int):
         self.root = Path(cfg.output_dir) / "checkpoints"
@@ -330,34 +369,55 @@ class LocalSink:
         return latest_checkpoint(self.root)
 
     def save(self, step: int, parts: TrainParts, state: dict[str, Any], metrics: dict[str, float], final: bool) -> None:
-        if self.rank != 0:
-            return
-        save_checkpoint(self.root, step, parts.model, parts.optimizer, parts.scheduler, state, self.keep_last)
+        save_sharded_checkpoint(self.root, step, parts.model, parts.optimizer, parts.scheduler, state, self.keep_last,
+                                self.rank)
         if final:
-            save_policy(unwrap_model(parts.model), parts.tokenizer, self.policy_dir)
+            export_policy(parts, self.rank, self.policy_dir)
 
     def report(self, metrics: dict[str, float]) -> None:
         """Local runs have no driver to report to; metrics already went to MLflow."""
 
 
-def train_worker(cfg: SFTConfig, ctx: WorkerContext, run_id: str, tracking_uri: str, work_dir: Path) -> TrainOutcome:
-    """setup -> train -> (final checkpoint inside train) -> cleanup, on one worker."""
+def train_worker(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path, logger: MetricsLogger | None) -> TrainOutcome:
+    """setup -> train -> (final checkpoint and policy inside train) -> cleanup, on one worker; `logger` on rank 0."""
     parts = setup(cfg, ctx, work_dir)
-    logger = StepMetricsLogger(tracking_uri, run_id, parts.data) if ctx.rank == 0 else None
+    if logger is not None:
+        logger.log(parts.data.as_metrics(), step=0)
     try:
         return train(parts, cfg, ctx, logger)
     finally:
         cleanup(logger)
 
 
+def worker_device(cfg: SFTConfig, local_rank: int = 0) -> torch.device:
+    """This worker's device: its GPU (made current, as NCCL and FSDP expect) or the CPU."""
+    if cfg.use_gpu and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def run_sft_worker(
+    cfg: SFTConfig, rank: int, world_size: int, device: torch.device, logger: MetricsLogger | None = None
+) -> TrainOutcome:
+    """One worker of a job whose process group exists (or world_size 1 with ddp): checkpoints and the final
+    policy under `cfg.output_dir`, on a directory every rank sees. No Ray, no MLflow."""
+    return train_worker(cfg, WorkerContext(rank, world_size, device, LocalSink(cfg, rank)),
+                        Path(cfg.output_dir) / "data", logger)
+
+
 def run_sft_local(cfg: SFTConfig) -> SFTResult:
     """The whole SFT job in this process (one worker, no Ray): one MLflow run, final policy registered."""
-    ctx = WorkerContext(rank=0, world_size=1, device=torch.device("cpu"), prepare_model=lambda m: m, sink=LocalSink(cfg, 0))
-    if cfg.use_gpu and torch.cuda.is_available():
-        ctx.device = torch.device("cuda")
+    # MLflow is imported here, not at module level: the trainer itself runs where MLflow is not installed.
+    from training.sft_tracking import StepMetricsLogger, finish_sft_run, start_sft_run
+
+    device = worker_device(cfg)
     work_dir = Path(cfg.output_dir) / "data"
-    with start_sft_run(cfg, work_dir) as (run_id, tracking_uri):
-        outcome = train_worker(cfg, ctx, run_id, tracking_uri, work_dir)
+    # FSDP needs a process group even on one worker; DDP on one worker is the bare model.
+    group = single_process_group("nccl" if device.type == "cuda" else "gloo") if cfg.parallelism == "fsdp" \
+        else contextlib.nullcontext()
+    with group, start_sft_run(cfg, work_dir) as (run_id, tracking_uri):
+        outcome = run_sft_worker(cfg, 0, 1, device, StepMetricsLogger(tracking_uri, run_id))
         policy_dir = Path(cfg.output_dir) / "policy"
         version = finish_sft_run(cfg, run_id, policy_dir, outcome)
     shutil.rmtree(work_dir, ignore_errors=True)

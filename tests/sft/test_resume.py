@@ -25,12 +25,12 @@ torch.set_num_threads(1)
 import training.sft_trainer as trainer
 from training.sft_trainer import SFTConfig, run_sft_local
 cfg = SFTConfig.model_validate_json(sys.argv[1])
-save = trainer.save_checkpoint
+save = trainer.save_sharded_checkpoint
 def save_then_wait(root, step, *args, **kwargs):
     path = save(root, step, *args, **kwargs)
     Path(sys.argv[2]).write_text(str(step))
     time.sleep(600)
-trainer.save_checkpoint = save_then_wait
+trainer.save_sharded_checkpoint = save_then_wait
 run_sft_local(cfg)
 """
 

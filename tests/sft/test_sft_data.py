@@ -11,8 +11,8 @@ from models.tokenizer import decode, encode_observation, encode_prompt
 from models.packed_attention import PACKED_ATTENTION
 from training.sft_data import (
     IGNORE_INDEX, build_examples, collate_rows, count_targets, model_inputs, pack_examples, target_positions,
-    token_loss_sum,
 )
+from training.sft_loss import token_loss_sum
 
 
 def _find(haystack: list[int], needle: list[int], start: int = 0) -> int:
