@@ -58,9 +58,11 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import shutil
 import signal
 import subprocess
+import struct
 import sys
 import tempfile
 import threading
@@ -304,6 +306,36 @@ def _root_binds() -> tuple[str, ...]:
     return tuple(args)
 
 
+# seccomp deny-list (x86_64): creating namespaces (an unprivileged user namespace would hand the program
+# capabilities over new mount/net namespaces: kernel attack surface), joining them, the keyrings (the per-uid
+# keyring of 65534 is shared by every sandbox), bpf, perf_event_open, userfaultfd. clone3 gets ENOSYS (its flags
+# live in memory a filter cannot read), so libc falls back to clone, whose flags are checked.
+_SYSCALLS_X86_64 = {"clone": 56, "unshare": 272, "setns": 308, "clone3": 435, "keyctl": 250, "add_key": 248,
+                    "request_key": 249, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323}
+# NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (NEWTIME's bit is clone's exit-signal byte)
+_CLONE_NAMESPACE_FLAGS = 0x7E020000
+
+
+@functools.lru_cache(maxsize=1)
+def _seccomp_filter() -> bytes | None:
+    """A classic-BPF seccomp program for `bwrap --seccomp FD`; None on other architectures (no filter there)."""
+    if platform.machine() != "x86_64":
+        return None
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    nr = _SYSCALLS_X86_64
+    denied = [nr[name] for name in ("unshare", "setns", "keyctl", "add_key", "request_key", "bpf",
+                                    "perf_event_open", "userfaultfd")]
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, 0xC000003E), (ret, 0, 0, eperm),  # not x86_64 (i386 / int 0x80): refuse
+            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm),  # x32 ABI: refuse
+            (jeq, 0, 1, nr["clone3"]), (ret, 0, 0, enosys)]
+    for number in denied:
+        prog += [(jeq, 0, 1, number), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 3, nr["clone"]), (ld, 0, 0, 16),  # clone's flags: low 32 bits of args[0]
+             (jset, 0, 1, _CLONE_NAMESPACE_FLAGS), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+
+
 def _drop_privileges() -> list[str]:
     # Only root can (and needs to) switch uid; a non-root caller is already bound by RLIMIT_NPROC.
     if os.geteuid() != 0:
@@ -311,7 +343,8 @@ def _drop_privileges() -> list[str]:
     return ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--no-new-privs"]
 
 
-def _bwrap_command(script_fd: int, limits: SandboxLimits) -> list[str]:
+def _bwrap_command(script_fd: int, seccomp_fd: int | None, limits: SandboxLimits) -> list[str]:
+    seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     return ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", *_root_binds(),
             "--size", str(limits.tmpfs_mb * MIB), "--perms", "1777", "--tmpfs", "/tmp",
@@ -319,7 +352,7 @@ def _bwrap_command(script_fd: int, limits: SandboxLimits) -> list[str]:
             "--perms", "0644", "--file", str(script_fd), f"{INNER_WORKDIR}/main.py",
             "--proc", "/proc", "--dev", "/dev",  # /dev before /dev/shm: --dev mounts a fresh /dev over it
             "--size", str(limits.shm_mb * MIB), "--perms", "1777", "--tmpfs", "/dev/shm",
-            "--chdir", INNER_WORKDIR, *_drop_privileges()]
+            "--chdir", INNER_WORKDIR, *seccomp, *_drop_privileges()]
 
 
 def _fallback_command() -> list[str]:
@@ -352,16 +385,27 @@ def run_python(code: str, limits: SandboxLimits) -> SandboxResult:
             group.remove()
 
 
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _run_bwrap(code: str, limits: SandboxLimits, group: _Cgroup | None) -> SandboxResult:
-    script_fd = os.memfd_create("main.py")  # bwrap copies it into the sandbox's tmpfs; nothing on the host disk
+    # bwrap copies the script into the sandbox's tmpfs and reads the filter: nothing is written on the host disk
+    fds = [_memfd("main.py", code.encode("utf-8"))]
+    seccomp = _seccomp_filter()
+    if seccomp is not None:
+        fds.append(_memfd("seccomp", seccomp))
     try:
-        os.write(script_fd, code.encode("utf-8"))
-        os.lseek(script_fd, 0, os.SEEK_SET)
-        command = (_join_cgroup(group) + _rlimit_command(limits, group) + _bwrap_command(script_fd, limits)
+        command = (_join_cgroup(group) + _rlimit_command(limits, group)
+                   + _bwrap_command(fds[0], fds[1] if seccomp is not None else None, limits)
                    + [sys.executable, "-I", f"{INNER_WORKDIR}/main.py"])
-        return _execute(command, "/", _env(INNER_WORKDIR), limits, group, (script_fd,))
+        return _execute(command, "/", _env(INNER_WORKDIR), limits, group, tuple(fds))
     finally:
-        os.close(script_fd)
+        for fd in fds:
+            os.close(fd)
 
 
 def _run_unshare(code: str, limits: SandboxLimits, group: _Cgroup | None) -> SandboxResult:

@@ -1,16 +1,35 @@
 """The hostile-program suite: every program in hostile_programs.PROGRAMS must be contained (limits hold, the
-parent is unaffected, the canary secret never appears, nothing outlives the run, no connection reaches the host)."""
+parent is unaffected, the canary secret never appears, nothing outlives the run, no connection reaches the host);
+legitimate programs (numpy, multiprocessing, files, subprocesses) must still run; the fallbacks say what they are."""
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
-from agents.tools.sandbox import SandboxLimits, run_python
+from agents.tools.sandbox import SandboxLimits, _cgroup_bases, run_python
 from tests.tools.hostile_programs import BASE_LIMITS, PROGRAMS, run_hostile
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+LEGIT = """
+import multiprocessing, os, subprocess, sys
+import numpy as np
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    print("numpy", float(np.linalg.norm(np.arange(12.0).reshape(3, 4))))
+    with multiprocessing.Pool(2) as pool:
+        print("pool", pool.map(square, range(5)))
+    with open("data.txt", "w") as f:
+        f.write("kept")
+    print("file", open("data.txt").read(), os.getcwd())
+    print("child", subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+"""
 
 
 @pytest.mark.parametrize(
@@ -23,7 +42,36 @@ def test_hostile_program_is_contained(program):
 
 
 def test_suite_is_large_enough():
-    assert len(PROGRAMS) >= 25
+    assert len(PROGRAMS) >= 48
+
+
+def test_legitimate_programs_still_work():
+    result = run_python(LEGIT, SandboxLimits(timeout_s=20, cpu_s=20))
+    assert result.status == "ok", result.stderr[-1000:]
+    assert "numpy 22.49" in result.stdout and "pool [0, 1, 4, 9, 16]" in result.stdout
+    assert "file kept /tmp/work" in result.stdout and "child 42" in result.stdout
+
+
+def test_same_program_same_output():
+    # the script's path inside the sandbox is fixed, so tracebacks (and hence tool observations) repeat exactly
+    limits = SandboxLimits(timeout_s=5)
+    first, second = (run_python("import sys\nprint(sys.argv[0])\n1 / 0", limits) for _ in range(2))
+    assert first.stdout == second.stdout == "/tmp/work/main.py\n" and first.stderr == second.stderr
+    assert 'File "/tmp/work/main.py", line 3' in first.stderr
+
+
+@pytest.mark.skipif(_cgroup_bases() is None or os.geteuid() != 0, reason="no writable cgroup hierarchy here")
+def test_cgroup_caps_the_tree_and_is_removed():
+    result = run_python("x = bytearray(b'1') * (40 << 20)\nprint('held')", SandboxLimits(timeout_s=10))
+    assert result.status == "ok" and result.cgroup in ("v1", "v2")
+    assert 40 << 20 < result.peak_memory_bytes < 200 << 20
+    _, parents = _cgroup_bases()
+    assert not [p for parent in parents for p in Path(parent).glob("afm-sandbox-*")], "a run's cgroup was left"
+
+
+def test_without_cgroup_the_result_says_so():
+    result = run_python("print('hi')", SandboxLimits(timeout_s=5, use_cgroup=False))
+    assert result.status == "ok" and result.cgroup is None and result.peak_memory_bytes is None
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare is not installed")
