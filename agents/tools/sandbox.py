@@ -2,7 +2,7 @@
 
     result = run_python("print(1 + 1)", SandboxLimits(timeout_s=5))
     result.status  # "ok" | "error" | "timeout" | "memory" | "killed" | "sandbox_error"
-    result.peak_memory_bytes, result.cgroup  # tree peak and "v1"/"v2"; None when no cgroup could be made
+    result.peak_memory_bytes, result.cgroup  # tree peak and "v1"; None when no cgroup could be made
 
 What it does (with bubblewrap, the default when `bwrap` is on PATH; we run it as root, no user namespace):
 - new pid/net/ipc/uts/cgroup namespaces: no network (only the namespace's own loopback), abstract Unix sockets
@@ -18,15 +18,18 @@ What it does (with bubblewrap, the default when `bwrap` is on PATH; we run it as
   tracebacks are reproducible); the script is copied into it from a memfd (`bwrap --file`), nothing is written on
   the host disk. /dev/shm is a private tmpfs of `shm_mb` (mode 1777, so multiprocessing works); /proc and /dev
   are fresh (/dev: null, zero, full, random, urandom, tty, pts).
-- inside, `setpriv` drops to uid/gid 65534 with no groups, no capabilities and no_new_privs.
-- one cgroup per run, nested under our own (cgroup v1 memory + pids hierarchies, or a v2 group where our v2
-  group delegates memory and pids), joined by the first process of the command line (a one-line `sh` that
-  writes its pid to cgroup.procs and then execs the rest), so every process of the tree is in it before the
-  program starts:
-  memory.limit (+ memsw / swap.max: no swap) = memory_mb for the WHOLE tree, tmpfs and /dev/shm pages included;
+- inside, `setpriv` drops to uid/gid 65534 with no groups, no capabilities and no_new_privs; a seccomp filter
+  (x86_64) refuses creating or joining namespaces (no user namespace, hence no capabilities anywhere), the
+  keyrings, bpf, perf_event_open and userfaultfd.
+- one cgroup per run in each of the cgroup v1 memory and pids hierarchies, nested under our own groups (so our
+  own limits still apply), joined by the first process of the command line (a one-line `sh` that moves itself in
+  and then execs the rest), so every process of the tree is inside before the program starts:
+  memory.limit_in_bytes (+ memsw: no swap) = memory_mb for the WHOLE tree, tmpfs and /dev/shm pages included;
   pids.max = max_processes for the whole tree (threads count; the two bwrap processes too). An OOM kill in the
-  group gives status "memory"; the group's peak usage comes back as `peak_memory_bytes`. After the run (and on
-  timeout) every pid of the group is SIGKILLed and the group is removed.
+  group gives status "memory" (unless the program still exits 0, e.g. after a killed child); the group's peak
+  (memory.max_usage_in_bytes) comes back as `peak_memory_bytes`. After the run (and on timeout) every pid of the
+  group is SIGKILLed and the groups are removed. cgroup v2 is not used: a v2 group can hand controllers to child
+  groups only while it holds no process, and ours holds us; a pure v2 host takes the no-cgroup path below.
 - rlimits (set by `prlimit`, inherited by everything below it): RLIMIT_AS = memory_mb per process (kept as a
   belt: a single runaway process gets a clean MemoryError instead of an OOM kill, as before), RLIMIT_CPU = cpu_s
   per process, RLIMIT_FSIZE = file_size_mb, core dumps off; RLIMIT_NPROC = max_processes only when there is no
@@ -36,23 +39,27 @@ What it does (with bubblewrap, the default when `bwrap` is on PATH; we run it as
 - a wall clock timeout SIGKILLs the process group and every pid of the cgroup; stdout/stderr are read
   continuously and only the head and the tail (max_output_chars per stream) are kept.
 
-Without a writable cgroup (`result.cgroup is None`): memory is limited PER PROCESS only (RLIMIT_AS; N processes
+Without a writable cgroup v1 (`result.cgroup is None`; not root, pure v2, use_cgroup=False): memory is limited PER PROCESS only (RLIMIT_AS; N processes
 may hold N x memory_mb), processes by RLIMIT_NPROC per uid (shared by concurrent sandboxes), no peak figure, and
 a SIGKILL we did not send is reported as "memory" (the kernel OOM killer being its usual sender).
 
 Fallback when bwrap is missing (or use_bwrap=False): `unshare --net --pid --fork --kill-child --mount-proc` +
-setpriv + the same rlimits and cgroup: no network, own pid namespace, unprivileged uid. It needs root. It LACKS
-the minimal root: the program can read whatever uid 65534 can read on the host (including world-readable project
-files and other checkouts), connect to host Unix sockets whose permissions allow it, write world-writable host
-places such as /tmp, and its working directory is a host temp dir (disk use bounded per file only).
+setpriv + the same rlimits and cgroup: no network (abstract Unix sockets included), own pid namespace,
+unprivileged uid. It needs root. It LACKS the minimal root and the seccomp filter: the program can read whatever
+uid 65534 can read on the host (including world-readable project files and other checkouts), connect to host
+Unix socket files whose permissions allow it, write world-writable host places such as /tmp and /dev/shm, create
+user namespaces, and its working directory is a host temp dir (disk use bounded per file only). An interpreter
+under a directory uid 65534 cannot enter (e.g. pyenv under /root, mode 0700) cannot be executed there.
 
-What it does NOT cover (bwrap mode): kernel exploits; side channels; CPU: RLIMIT_CPU is per process, so a tree of
+What it does NOT cover (bwrap mode): kernel exploits through the syscalls left open; side channels; CPU: RLIMIT_CPU is per process, so a tree of
 N processes may use up to N x cpu_s, bounded by the wall timeout x cores (no cgroup CPU quota: it would slow
 legitimate parallel programs); reading what the binds expose (system libraries and binaries, the interpreter,
 every package in the venv); /proc/self/mountinfo names the bound host paths, among them the venv's path (for a
 venv inside the checkout that names the checkout directory, though none of its other files is mounted); /proc
 shows host-wide figures (meminfo, cpuinfo, uptime, load); a venv or prefix that CONTAINS the checkout would
-expose it; leftover cgroups if our own process is SIGKILLed mid-run (empty, named afm-sandbox-*).
+expose it; file COUNT in the tmpfs (bounded only through the memory cgroup, which inode memory is charged to);
+no seccomp filter on other architectures than x86_64; leftover (empty) afm-sandbox-* cgroups if our own process
+is SIGKILLed mid-run.
 """
 from __future__ import annotations
 
@@ -105,7 +112,7 @@ class SandboxResult:
     duration_s: float
     killed_by: str | None  # "wall_timeout", or a signal name such as "SIGXCPU" / "SIGKILL"
     peak_memory_bytes: int | None = None  # peak of the whole tree (cgroup); None without a cgroup
-    cgroup: str | None = None  # "v1" / "v2" when memory and pids were capped for the tree; None: rlimits only
+    cgroup: str | None = None  # "v1" when memory and pids were capped for the whole tree; None: rlimits only
 
 
 class _HeadTailBuffer:
@@ -143,62 +150,50 @@ def _drain(stream, buffer: _HeadTailBuffer) -> None:
 
 # ---------------------------------------------------------------------------------------------------- cgroups
 
-# file names per cgroup version: memory limit, swap limit, peak usage, the file whose "oom_kill N" line counts kills
-_CGROUP_FILES = {"v1": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.max_usage_in_bytes",
-                        "memory.oom_control"),
-                 "v2": ("memory.max", "memory.swap.max", "memory.peak", "memory.events")}
-
-
 @functools.lru_cache(maxsize=1)
-def _cgroup_bases() -> tuple[str, tuple[Path, ...]] | None:
-    """Where our own cgroups are: ("v1", (memory dir, pids dir)) or ("v2", (dir,)); None when neither is mounted.
-    Children are made under our own groups so they nest under whatever limits we run with."""
+def _cgroup_parents() -> tuple[Path, Path] | None:
+    """Our own cgroup v1 memory and pids directories (children made there nest under whatever limits we run
+    with); None when either hierarchy is not mounted (e.g. a pure cgroup v2 host)."""
     try:
         own = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
         mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
     except OSError:
         return None
-    v1 = {}
+    found = []
     for controller in ("memory", "pids"):
         path = next((p for _, ctrls, p in own if controller in ctrls.split(",")), None)
         mount = next((m[1] for m in mounts if m[2] == "cgroup" and controller in m[3].split(",")), None)
-        if path is not None and mount is not None:
-            v1[controller] = Path(mount + path.rstrip("/"))
-    if len(v1) == 2:
-        return "v1", (v1["memory"], v1["pids"])
-    path = next((p for hier, ctrls, p in own if hier == "0" and ctrls == ""), None)
-    mount = next((m[1] for m in mounts if m[2] == "cgroup2"), None)
-    if path is not None and mount is not None:
-        return "v2", (Path(mount + path.rstrip("/")),)
-    return None
+        if path is None or mount is None:
+            return None
+        found.append(Path(mount + path.rstrip("/")))
+    return found[0], found[1]
 
 
 class _Cgroup:
-    """One run's cgroup(s): v1 = a memory group and a pids group, v2 = one group with both controllers."""
+    """One run's cgroups (v1): a memory group and a pids group, removed by remove()."""
 
-    def __init__(self, version: str, dirs: list[Path]):
-        self.version, self.dirs = version, dirs
-        self.limit_file, self.swap_file, self.peak_file, self.events_file = _CGROUP_FILES[version]
+    version = "v1"
+
+    def __init__(self, dirs: list[Path]):
+        self.dirs = dirs  # [memory dir, pids dir] once created
 
     @classmethod
     def create(cls, limits: SandboxLimits) -> _Cgroup | None:
         """A fresh group with the limits written, or None when none can be made here (not root, read-only)."""
-        bases = _cgroup_bases()
-        if bases is None:
+        parents = _cgroup_parents()
+        if parents is None:
             return None
-        version, parents = bases
-        group = cls(version, [])
-        name = f"afm-sandbox-{uuid.uuid4().hex}"
+        group, name = cls([]), f"afm-sandbox-{uuid.uuid4().hex}"
         try:
             for parent in parents:
                 (parent / name).mkdir()
                 group.dirs.append(parent / name)
-            memory, pids = group.dirs[0], group.dirs[-1]
-            (memory / group.limit_file).write_text(str(limits.memory_mb * MIB))
-            if (memory / group.swap_file).exists():  # v1: memory+swap total; v2: swap alone
-                (memory / group.swap_file).write_text(str(limits.memory_mb * MIB) if version == "v1" else "0")
+            memory, pids = group.dirs
+            (memory / "memory.limit_in_bytes").write_text(str(limits.memory_mb * MIB))
+            if (memory / "memory.memsw.limit_in_bytes").exists():  # memory + swap: no swapping past the cap
+                (memory / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_mb * MIB))
             (pids / "pids.max").write_text(str(limits.max_processes))
-        except OSError:  # e.g. a v2 group without delegated controllers has no memory.max
+        except OSError:
             group.remove()
             return None
         return group
@@ -225,14 +220,14 @@ class _Cgroup:
 
     def peak_bytes(self) -> int | None:
         try:
-            return int((self.dirs[0] / self.peak_file).read_text())
-        except (OSError, ValueError, IndexError):  # memory.peak needs Linux 5.19 on v2
+            return int((self.dirs[0] / "memory.max_usage_in_bytes").read_text())
+        except (OSError, ValueError):
             return None
 
     def oom_kills(self) -> int:
         try:
-            lines = (self.dirs[0] / self.events_file).read_text().splitlines()
-        except (OSError, IndexError):
+            lines = (self.dirs[0] / "memory.oom_control").read_text().splitlines()
+        except OSError:
             return 0
         return sum(int(line.split()[1]) for line in lines if line.startswith("oom_kill "))
 
@@ -253,15 +248,13 @@ class _Cgroup:
 
 
 def _join_cgroup(group: _Cgroup | None) -> list[str]:
-    """Command prefix: a shell that moves itself into the run's cgroup(s), then execs the rest, so everything
-    below it (prlimit, bwrap, the program) starts inside; no preexec_fn, which is unsafe with threads."""
+    """Command prefix: a shell that moves itself into the run's cgroups, then execs the rest, so everything
+    below it (prlimit, bwrap, the program) starts inside; no preexec_fn, which is unsafe with threads.
+    "0" written to `tasks` moves the writing thread (sh has one) without the hierarchy-wide lock that a write to
+    cgroup.procs takes (an RCU grace period: ~10 ms per hierarchy here, a third of a trivial run)."""
     if group is None:
         return []
-    # v1: "0" into `tasks` moves the writing thread (sh has one) without the cgroup-wide lock that a write to
-    # cgroup.procs takes (an RCU grace period, ~10 ms per hierarchy here: a third of a trivial run).
-    # v2 has no such shortcut for a domain group: the pid goes into cgroup.procs.
-    target, value = ("tasks", "0") if group.version == "v1" else ("cgroup.procs", "$$")
-    script = (f'for f do [ "$f" = -- ] && break; echo {value} > "$f/{target}" || '
+    script = ('for f do [ "$f" = -- ] && break; echo 0 > "$f/tasks" || '
               '{ echo "cgroup: cannot join $f" >&2; exit 125; }; shift; done; shift; exec "$@"')
     return ["/bin/sh", "-c", script, "sh", *map(str, group.dirs), "--"]
 
