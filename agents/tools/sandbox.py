@@ -39,9 +39,10 @@ What it does (with bubblewrap, the default when `bwrap` is on PATH; we run it as
 - a wall clock timeout SIGKILLs the process group and every pid of the cgroup; stdout/stderr are read
   continuously and only the head and the tail (max_output_chars per stream) are kept.
 
-Without a writable cgroup v1 (`result.cgroup is None`; not root, pure v2, use_cgroup=False): memory is limited PER PROCESS only (RLIMIT_AS; N processes
-may hold N x memory_mb), processes by RLIMIT_NPROC per uid (shared by concurrent sandboxes), no peak figure, and
-a SIGKILL we did not send is reported as "memory" (the kernel OOM killer being its usual sender).
+Without a writable cgroup v1 (`result.cgroup is None`; not root, pure v2, use_cgroup=False): memory is limited PER
+PROCESS only (RLIMIT_AS; N processes may hold N x memory_mb), processes by RLIMIT_NPROC per uid (shared by
+concurrent sandboxes), no peak figure, and a SIGKILL we did not send is reported as "memory" (the kernel OOM killer
+being its usual sender).
 
 Fallback when bwrap is missing (or use_bwrap=False): `unshare --net --pid --fork --kill-child --mount-proc` +
 setpriv + the same rlimits and cgroup: no network (abstract Unix sockets included), own pid namespace,
@@ -51,15 +52,15 @@ Unix socket files whose permissions allow it, write world-writable host places s
 user namespaces, and its working directory is a host temp dir (disk use bounded per file only). An interpreter
 under a directory uid 65534 cannot enter (e.g. pyenv under /root, mode 0700) cannot be executed there.
 
-What it does NOT cover (bwrap mode): kernel exploits through the syscalls left open; side channels; CPU: RLIMIT_CPU is per process, so a tree of
-N processes may use up to N x cpu_s, bounded by the wall timeout x cores (no cgroup CPU quota: it would slow
-legitimate parallel programs); reading what the binds expose (system libraries and binaries, the interpreter,
-every package in the venv); /proc/self/mountinfo names the bound host paths, among them the venv's path (for a
-venv inside the checkout that names the checkout directory, though none of its other files is mounted); /proc
-shows host-wide figures (meminfo, cpuinfo, uptime, load); a venv or prefix that CONTAINS the checkout would
-expose it; file COUNT in the tmpfs (bounded only through the memory cgroup, which inode memory is charged to);
-no seccomp filter on other architectures than x86_64; leftover (empty) afm-sandbox-* cgroups if our own process
-is SIGKILLed mid-run.
+What it does NOT cover (bwrap mode): kernel exploits through the syscalls left open; side channels; CPU: RLIMIT_CPU
+is per process, so a tree of N processes may use up to N x cpu_s, bounded by the wall timeout x cores (no cgroup
+CPU quota: it would slow legitimate parallel programs); reading what the binds expose (system libraries and
+binaries, the interpreter, every package in the venv); /proc/self/mountinfo names the bound host paths, among them
+the venv's path (for a venv inside the checkout that names the checkout directory, though none of its other files
+is mounted); /proc shows host-wide figures (meminfo, cpuinfo, uptime, load); a venv or prefix that CONTAINS the
+checkout would expose it; file COUNT in the tmpfs (bounded only through the memory cgroup, which inode memory is
+charged to); no seccomp filter on other architectures than x86_64; leftover (empty) afm-sandbox-* cgroups if our
+own process is SIGKILLed mid-run.
 """
 from __future__ import annotations
 
@@ -330,7 +331,7 @@ def _seccomp_filter() -> bytes | None:
 
 
 def _drop_privileges() -> list[str]:
-    # Only root can (and needs to) switch uid; a non-root caller is already bound by RLIMIT_NPROC.
+    # Only root can (and needs to) switch uid; a non-root caller already runs unprivileged.
     if os.geteuid() != 0:
         return []
     return ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--no-new-privs"]
