@@ -40,7 +40,7 @@ from models.policy import save_policy  # noqa: E402
 from models.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
 from models.tokenizer import train_tokenizer  # noqa: E402
 from training.sft_data import collate_rows, count_targets  # noqa: E402
-from training.sft_trainer import LocalSink, SFTConfig, WorkerContext, setup, train, train_step  # noqa: E402
+from training.sft_trainer import LocalSink, MetricsHistory, SFTConfig, WorkerContext, setup, train, train_step  # noqa: E402
 from training.synthetic_coa import synthetic_trajectories  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "sft_scale.jsonl"
@@ -89,18 +89,6 @@ def local_bytes(tensors) -> int:
     return total
 
 
-class StepLog:
-    def __init__(self):
-        self.tokens_per_s: list[float] = []
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if "tokens_per_s" in metrics:
-            self.tokens_per_s.append(metrics["tokens_per_s"])
-
-    def flush(self) -> None:
-        """Nothing buffered."""
-
-
 def _train_worker(rank: int, world_size: int, port: int, cfg_json: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
@@ -118,10 +106,11 @@ def _train_worker(rank: int, world_size: int, port: int, cfg_json: str, out: str
                                                          for v in s.values() if torch.is_tensor(v)))
 
         parts.optimizer.register_step_pre_hook(count)
-        log = StepLog()
-        train(parts, cfg, ctx, log)
+        history = MetricsHistory()
+        train(parts, cfg, ctx, history)
         if rank == 0:
-            Path(out).write_text(json.dumps({"bytes": state_bytes, "tokens_per_s": log.tokens_per_s[2:]}))
+            speeds = list(history.series("tokens_per_s").values())[2:]  # the first 2 steps are warm-up
+            Path(out).write_text(json.dumps({"bytes": state_bytes, "tokens_per_s": speeds}))
     finally:
         dist.destroy_process_group()
 

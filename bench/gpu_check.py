@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -58,20 +59,6 @@ def record(metric: str, value: float, target: float | None, unit: str, detail: d
     print(json.dumps(row), flush=True)
 
 
-class StepLog:
-    """The SFT trainer's metrics logger: tokens/s of every step."""
-
-    def __init__(self):
-        self.tokens_per_s: list[float] = []
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if "tokens_per_s" in metrics:
-            self.tokens_per_s.append(metrics["tokens_per_s"])
-
-    def flush(self) -> None:
-        """Nothing buffered."""
-
-
 def sft_check(dry_run: bool) -> None:
     """FSDP SFT of a random 0.5B Qwen2 on one GPU (or the tiny CPU dry run): tokens/s, MFU, peak memory."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -80,7 +67,7 @@ def sft_check(dry_run: bool) -> None:
     from models.policy import save_policy
     from models.tokenizer import train_tokenizer
     from training.parallel import single_process_group
-    from training.sft_trainer import SFTConfig, run_sft_worker, worker_device
+    from training.sft_trainer import MetricsHistory, SFTConfig, run_sft_worker, worker_device
     from training.synthetic_coa import synthetic_trajectories
 
     shape, max_len, steps, warmup = (DRY_SHAPE, 512, 4, 1) if dry_run else (QWEN25_05B, 4096, 24, 4)
@@ -104,11 +91,11 @@ def sft_check(dry_run: bool) -> None:
             device = worker_device(cfg)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            log = StepLog()
+            history = MetricsHistory()
             started = time.perf_counter()
             with single_process_group("nccl" if device.type == "cuda" else "gloo"):
-                outcome = run_sft_worker(cfg, 0, 1, device, log)
-            tokens_per_s = sorted(log.tokens_per_s[warmup:])[len(log.tokens_per_s[warmup:]) // 2]  # median
+                outcome = run_sft_worker(cfg, 0, 1, device, history)
+            tokens_per_s = statistics.median(list(history.series("tokens_per_s").values())[warmup:])
             peak = BF16_PEAK.get(next((k for k in BF16_PEAK if k in torch.cuda.get_device_name()), ""), 0.0) \
                 if device.type == "cuda" else 0.0
             detail = {"params": n_params, "shape": shape, "max_len": max_len, "micro_batch": cfg.micro_batch,

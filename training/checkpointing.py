@@ -151,6 +151,15 @@ def prune_checkpoints(root: Path, keep_last: int) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+def _publish(tmp: Path, target: Path, keep_last: int) -> None:
+    """Rename a completely written `tmp` to `target` (replacing an older copy), then prune to `keep_last`."""
+    if target.exists():  # re-saving a step after a resume: replace the older copy
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    prune_checkpoints(target.parent, keep_last)
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -167,14 +176,10 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-", dir=root))
     try:
         write_checkpoint(tmp, model, optimizer, scheduler, {**state, "step": step})
-        if target.exists():  # re-saving a step after a resume: replace the older copy
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        _fsync_dir(root)
+        _publish(tmp, target, keep_last)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    prune_checkpoints(root, keep_last)
     return target
 
 
@@ -204,11 +209,7 @@ def save_sharded_checkpoint(
     write_sharded_checkpoint(tmp, model, optimizer, scheduler, {**state, "step": step}, rank)
     _barrier()
     if rank == 0:
-        if target.exists():  # re-saving a step after a resume: replace the older copy
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        _fsync_dir(root)
-        prune_checkpoints(root, keep_last)
+        _publish(tmp, target, keep_last)
     _barrier()
     return target
 

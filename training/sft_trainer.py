@@ -148,6 +148,23 @@ class MetricsLogger(Protocol):
     def flush(self) -> None: ...
 
 
+class MetricsHistory:
+    """A MetricsLogger that keeps every step's metrics in memory (tests, benches, the GPU check)."""
+
+    def __init__(self):
+        self.steps: dict[int, dict[str, float]] = {}
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.steps.setdefault(step, {}).update(metrics)
+
+    def flush(self) -> None:
+        """Nothing buffered."""
+
+    def series(self, key: str) -> dict[int, float]:
+        """{step: value} of one metric, in step order."""
+        return {step: m[key] for step, m in sorted(self.steps.items()) if key in m}
+
+
 @dataclass
 class WorkerContext:
     rank: int

@@ -14,31 +14,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.sft_trainer import SFTConfig, run_sft_worker
-
-
-class LossLog:
-    """Rank 0's metrics logger: keeps the loss of every step."""
-
-    def __init__(self):
-        self.losses: dict[int, float] = {}
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if "loss" in metrics:
-            self.losses[step] = metrics["loss"]
-
-    def flush(self) -> None:
-        """Nothing buffered."""
+from training.sft_trainer import MetricsHistory, SFTConfig, run_sft_worker
 
 
 def _worker(rank: int, world_size: int, port: int, cfg_json: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        log = LossLog() if rank == 0 else None
-        run_sft_worker(SFTConfig.model_validate_json(cfg_json), rank, world_size, torch.device("cpu"), log)
-        if log is not None:
-            Path(out).write_text(json.dumps(log.losses))
+        history = MetricsHistory() if rank == 0 else None
+        run_sft_worker(SFTConfig.model_validate_json(cfg_json), rank, world_size, torch.device("cpu"), history)
+        if history is not None:
+            Path(out).write_text(json.dumps(history.series("loss")))
     finally:
         dist.destroy_process_group()
 
