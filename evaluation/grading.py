@@ -1,13 +1,14 @@
 """Grade one episode and turn it into an `EvalRecord`: model rollouts (`training.rl_rollout.Episode`) and
 teacher runs (`agents.teacher.log.MASLog`) end up in the same record shape.
 
-Correctness by family (the same rules the RL reward uses, so eval measures what training optimized):
-  * humaneval: the completion is run against the problem's tests in the sandbox; passing = exit status 0.
-    The completion is the final <answer> if it holds a `def`, else the last <code> the model ran.
-  * code/math families (computation, gsm8k, ...): numeric match of the final answer, else normalized match.
-  * everything else: the configured judge (`training.rewards.Judge`: normalized match offline, an LLM judge
-    when one is configured).
-EM and F1 are always computed on normalized answers (SQuAD), as extra columns.
+Correctness is `training.scoring.grade`, the one grader the RL reward and verl's compute_score use too, on the
+prediction `training.scoring.extract_prediction` reads from the model's text; so eval measures what training
+optimized, rule for rule: HumanEval code runs against the problem's tests in the sandbox (the final <answer>
+when it is code, a whole function or a body; else the last <code> the model ran), numeric families use numeric
+match, everything else the configured judge (`training.scoring.Judge`: normalized match offline, an LLM judge
+when one is configured); per-family answer-size limits are reported in the rationale. A teacher run's final
+answer goes through the same `grade`. EM and F1 are always computed on normalized answers (SQuAD), as extra
+columns.
 
 Tokens: a model episode counts prompt + generated + observation tokens (its one sequence); a teacher run
 counts prompt + completion tokens of every agent call. See evaluation.efficiency.
@@ -18,46 +19,29 @@ Usage:
 """
 from __future__ import annotations
 
-import re
-
 from agents.teacher.log import MASLog
-from agents.tools.sandbox import SandboxLimits, run_python
+from agents.tools.sandbox import SandboxLimits
 from evaluation.metrics import failure_category
 from evaluation.records import EvalRecord
-from problems.humaneval import humaneval_check_program
 from problems.records import Problem
-from training.rewards import (
-    Judge, JudgeResult, exact_match, extract_answer, numeric_match, reward_kind, split_answers, token_f1,
-)
 from training.rl_rollout import Episode
+from training.scoring import (
+    Judge, JudgeResult, exact_match, extract_prediction, golden_answers, grade, reward_kind, token_f1,
+)
 
-_DEF_RE = re.compile(r"^\s*def \w+\s*\(", re.M)
 _TOOL_FAILURES = ("error", "timeout", "memory", "killed", "sandbox_error", "refused", "not_found")
 
 
 def grade_prediction(problem: Problem, prediction: str, judge: Judge, limits: SandboxLimits) -> JudgeResult:
-    """Is `prediction` a correct answer to `problem`? (rules in the module docstring)"""
-    if not prediction.strip():
-        return JudgeResult(False, "no answer")
-    if problem.family == "humaneval":
-        result = run_python(humaneval_check_program(problem, prediction), limits)
-        if result.status == "ok":
-            return JudgeResult(True, "all tests passed")
-        return JudgeResult(False, f"tests failed ({result.status}): {result.stderr.strip()[-300:]}")
-    golden = split_answers(problem.answers)
-    if reward_kind(problem.family) == "code":
-        correct = bool(numeric_match(prediction, golden))
-        return JudgeResult(correct, "numeric/normalized match" if correct else "no numeric/normalized match")
-    return judge.judge(problem.question, golden, prediction)
+    """Is `prediction` a correct answer to `problem`? (`training.scoring.grade`: the rules RL and verl use)"""
+    return grade(problem.family, prediction, problem.answers, judge, problem.question, tests=problem.metadata,
+                 limits=limits)
 
 
 def episode_prediction(problem: Problem, ep: Episode) -> str:
-    """The answer text of a model episode ("" when it gave none); for HumanEval, the code to test."""
-    answer = extract_answer(ep.model_text) or ""
-    if problem.family != "humaneval" or _DEF_RE.search(answer):
-        return answer
-    code_calls = [call.argument for call in ep.tool_calls if call.tag == "code"]
-    return code_calls[-1] if code_calls else answer
+    """What a model episode is graded on ("" when it gave none): its final answer, or for HumanEval the last
+    <code> it ran when the answer is not code (`training.scoring.extract_prediction`, as the RL reward reads)."""
+    return extract_prediction(problem.family, ep.model_text, problem.metadata) or ""
 
 
 def episode_status(ep: Episode) -> str:
@@ -70,13 +54,13 @@ def episode_status(ep: Episode) -> str:
 
 def _record(model: str, problem_set: str, problem: Problem, prediction: str, verdict: JudgeResult, steps: int,
             tokens: int, tool_calls: int, status: str, sample: int, transcript: str = "") -> EvalRecord:
-    golden = split_answers(problem.answers)
-    is_code = problem.family == "humaneval"
+    golden = golden_answers(problem.family, problem.answers)
+    is_code = reward_kind(problem.family) == "tests"  # a program has no meaningful EM/F1: its verdict stands in
     return EvalRecord(
         model=model, problem_set=problem_set, problem_id=problem.id, question=problem.question, golden=golden,
         prediction=prediction, judge={"correct": verdict.correct, "rationale": verdict.rationale},
-        em=float(verdict.correct) if is_code else exact_match(prediction, golden),
-        f1=float(verdict.correct) if is_code else token_f1(prediction, golden),
+        em=float(verdict.correct) if is_code else exact_match(prediction, golden, problem.family),
+        f1=float(verdict.correct) if is_code else token_f1(prediction, golden, problem.family),
         steps=steps, tokens=tokens, tool_calls=tool_calls, status=status,
         failure=failure_category(status, verdict.correct), sample=sample, transcript=transcript,
     )

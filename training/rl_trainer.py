@@ -43,6 +43,7 @@ from tqdm import tqdm
 from afm import tracking
 from afm.config import Config
 from afm.storage import sha256_file
+from agents.tools.sandbox import SandboxLimits
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
 from evaluation.lineage import lineage_tags
 from models.engines.hf import HFEngine
@@ -216,17 +217,11 @@ def build_engine(cfg: RLConfig, model, tokenizer, output_dir: Path):
     return VLLMEngine(str(local), max_model_len=model.config.max_position_embeddings)
 
 
-def answer_test_runner(problem: Problem, toolbox_cfg: ToolboxConfig):
-    """`answer -> passed` for problems scored by their test cases (HumanEval), run in the code sandbox; None
-    for problems scored by their answer text."""
-    if problem.family != "humaneval":
-        return None
-    from agents.tools.sandbox import SandboxLimits, run_python
-    from problems.humaneval import humaneval_check_program
-
-    limits = SandboxLimits(timeout_s=toolbox_cfg.code_timeout_s, cpu_s=int(toolbox_cfg.code_timeout_s) + 1,
-                           memory_mb=toolbox_cfg.code_memory_mb)
-    return lambda answer: run_python(humaneval_check_program(problem, answer), limits).status == "ok"
+def answer_test_limits(toolbox_cfg: ToolboxConfig) -> SandboxLimits:
+    """Sandbox limits for running an answer against its problem's tests (HumanEval): the limits the policy's own
+    code tool runs under."""
+    return SandboxLimits(timeout_s=toolbox_cfg.code_timeout_s, cpu_s=int(toolbox_cfg.code_timeout_s) + 1,
+                         memory_mb=toolbox_cfg.code_memory_mb)
 
 
 def reward_curve_figure(history: list[dict[str, float]]):
@@ -304,12 +299,14 @@ def rl_step(s: RLSession, step: int) -> dict[str, float]:
     rollout_s = time.perf_counter() - started
     stats = rollout_stats(episodes)
 
+    # training.scoring grades (the grader evaluation uses); HumanEval answers run against the problem's tests
+    test_limits = answer_test_limits(cfg.toolbox)
     scored = [
         score_response(ep.problem.family, ep.model_text, ep.problem.answers, s.judge, ep.problem.question,
                        response_tokens=len(ep.response_ids),
                        overlong_max_tokens=cfg.rollout.token_budget if cfg.overlong_buffer_tokens else 0,
-                       overlong_buffer_tokens=cfg.overlong_buffer_tokens, run_tests=answer_test_runner(ep.problem, cfg.toolbox),
-                       qa_metric=cfg.qa_reward)
+                       overlong_buffer_tokens=cfg.overlong_buffer_tokens, qa_metric=cfg.qa_reward,
+                       tests=ep.problem.metadata, test_limits=test_limits)
         for ep in episodes
     ]
     rewards = torch.tensor([s.score for s in scored]).view(len(batch_problems), cfg.rollout.group_size)

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.rewards import (
-    LLMJudge, NormalizedMatchJudge, check_format, compute_score, exact_match, extract_answer, normalize_answer,
-    overlong_penalty, parse_judgement, score_response, token_f1,
-)
+from training.rewards import LLMJudge, check_format, compute_score, overlong_penalty, parse_judgement, score_response
+from training.scoring import NormalizedMatchJudge, exact_match, extract_answer, normalize_answer, token_f1
 
 GOOD_CODE = "<think>add</think><code>```py\nprint(3+4)\n```</code><answer>7</answer>"
 JUDGE = NormalizedMatchJudge()
@@ -47,11 +45,13 @@ def test_format_check_rejects_hostile_structure(text, reason):
     assert not report.ok and reason in report.reason
 
 
-def test_empty_and_enormous_answers_score_zero():
+def test_empty_and_enormous_answers_score_zero_with_a_reason():
     assert extract_answer("<answer>   </answer>") is None
-    assert score_response("multihop", "<answer></answer>", ["x"], JUDGE).score == 0.0
-    huge = "<answer>" + "7" * 5000 + "</answer>"
-    assert extract_answer(huge) is None
+    empty = score_response("multihop", "<answer></answer>", ["x"], JUDGE)
+    assert empty.score == 0.0 and empty.reason == "no answer"
+    huge = score_response("computation", "<answer>" + "7" * 5000 + "</answer>", ["7" * 5000], JUDGE)
+    assert (huge.score, huge.correct) == (0.0, 0.0)
+    assert huge.reason == "answer longer than 2000 chars (limit for family computation)"
     enormous = "<think>" + "a" * 300_000 + "</think><answer>7</answer>"
     assert not check_format(enormous).ok
     assert score_response("computation", enormous, ["7"], JUDGE).score == 0.0
@@ -121,7 +121,7 @@ def test_llm_judge_retries_then_gives_up():
 def test_judge_family_uses_the_judge():
     class Always:
         def judge(self, question, golden, prediction):
-            from training.rewards import JudgeResult
+            from training.scoring import JudgeResult
             return JudgeResult(True, "yes")
 
     assert score_response("web", "<answer>anything</answer>", ["x"], Always()).score == 1.0
@@ -131,11 +131,16 @@ def test_judge_family_uses_the_judge():
 def test_humaneval_answers_are_scored_by_their_test_cases():
     from agents.tools.toolbox import ToolboxConfig
     from problems.humaneval import humaneval_problems
-    from training.rl_trainer import answer_test_runner
+    from training.rl_trainer import answer_test_limits
 
     problem = humaneval_problems()[0]
-    run = answer_test_runner(problem, ToolboxConfig(tools=["code"], code_timeout_s=10))
+    limits = answer_test_limits(ToolboxConfig(tools=["code"], code_timeout_s=10))
     good = f"<think>write it</think><answer>{problem.answers[0]}</answer>"
     wrong = "<answer>def has_close_elements(numbers, threshold):\n    return False\n</answer>"
-    assert score_response("humaneval", good, problem.answers, JUDGE, run_tests=run).score == 1.0
-    assert score_response("humaneval", wrong, problem.answers, JUDGE, run_tests=run).score == 0.0
+    right = score_response("humaneval", good, problem.answers, JUDGE, tests=problem.metadata, test_limits=limits)
+    assert (right.score, right.correct, right.reason) == (1.0, 1.0, "all tests passed")
+    failed = score_response("humaneval", wrong, problem.answers, JUDGE, tests=problem.metadata, test_limits=limits)
+    assert failed.score == 0.0 and failed.reason.startswith("tests failed (error)")
+    # the golden text alone never makes a code answer right: without tests there is nothing to grade against
+    untested = score_response("humaneval", good, problem.answers, JUDGE)
+    assert untested.score == 0.0 and untested.reason.startswith("no tests to run for family humaneval")
