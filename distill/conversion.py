@@ -6,7 +6,8 @@ Mapping (events in order, every tool call and observation kept):
     answer events -> <suggested_answer> for every one but the last, <answer> for the last (the verified answer).
 Metadata: teacher, source_log_id, problem_id, sample_idx, MAS token counts, tool-call count, verified,
 reflective (has a reflection) and erred_and_corrected (a reflection scored poor or a double_check scored <= 2,
-and the run still ended verified).
+and the run still ended verified), parse_failures (role replies still unparseable after their retries).
+`protocol_counts` sums the logs' parse retries and failures for the distill report.
 
 Usage:
     traj = mas_log_to_trajectory(log)           # raises ConversionError for a log without a final answer
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from agents.teacher.agents import parse_check_score, reflection_wants_replan
+from agents.teacher.protocol import check_passes, reflection_wants_replan
 from agents.teacher.log import MASLog
 from models.format import Segment, Trajectory, TrajectoryError, validate_trajectory
 
@@ -34,7 +35,7 @@ def erred_and_corrected(log: MASLog) -> bool:
     for ev in log.events:
         if ev.role == "reflection" and reflection_wants_replan(ev.content):
             return True
-        if ev.role == "verification" and parse_check_score(ev.content) <= 2:
+        if ev.role == "verification" and not check_passes(ev.content):
             return True
     return False
 
@@ -62,7 +63,7 @@ def mas_log_to_trajectory(log: MASLog) -> Trajectory:
             "mas_completion_tokens": log.completion_tokens,
             "mas_total_tokens": log.prompt_tokens + log.completion_tokens, "tool_calls": log.tool_calls,
             "verified": log.verified, "reflective": any(s.tag == "reflection" for s in segments),
-            "erred_and_corrected": erred_and_corrected(log),
+            "erred_and_corrected": erred_and_corrected(log), "parse_failures": sum(log.parse_failures.values()),
         },
     )
     try:
@@ -81,3 +82,14 @@ def convert_logs(logs: Iterable[MASLog]) -> tuple[list[Trajectory], Counter]:
         except ConversionError as exc:
             failures["no_final_answer" if "no final answer" in str(exc) else "invalid_format"] += 1
     return out, failures
+
+
+def protocol_counts(logs: Iterable[MASLog]) -> dict:
+    """Role-reply parse retries and failures over all logs (converted or not): never silent, in report.json."""
+    retries, failures, logs_with_failures = Counter(), Counter(), 0
+    for log in logs:
+        retries.update(log.parse_retries)
+        failures.update(log.parse_failures)
+        logs_with_failures += bool(log.parse_failures)
+    return {"logs_with_parse_failures": logs_with_failures, "parse_failures": dict(failures),
+            "parse_retries": dict(retries)}

@@ -11,7 +11,8 @@ Stages, in order (`run_filters`):
 4. upsampling  - repeat error-then-corrected trajectories `error_correction_repeat` times in total (copies get
                  ids `<id>#up<k>`).
 Each stage: `(items, cfg, ...) -> FilterResult(kept, dropped_reasons, name)`; report rows are
-`{stage, in, out, reasons}`.
+`{stage, in, out, reasons, with_parse_failures}`, the last counting the items entering the stage whose teacher
+log had a role reply that never parsed (so the report shows where those trajectories went).
 
 Usage:
     kept, report = run_filters(trajectories, problems, FilterConfig())
@@ -128,6 +129,7 @@ def run_filters(trajectories: list[Trajectory], problems: list[Problem],
     for stage in stages:
         result = stage(items)
         report.append({"stage": result.name, "in": len(items), "out": len(result.kept),
-                       "reasons": dict(result.dropped_reasons)})
+                       "reasons": dict(result.dropped_reasons),
+                       "with_parse_failures": sum(1 for t in items if t.metadata.get("parse_failures"))})
         items = result.kept
     return items, report

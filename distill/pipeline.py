@@ -27,7 +27,7 @@ from afm.config import Config, load_config
 from agents.teacher.mas import TeacherConfig
 from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
 from agents.tools.toolbox import ToolboxConfig
-from distill.conversion import convert_logs
+from distill.conversion import convert_logs, protocol_counts
 from distill.filters import FilterConfig, run_filters
 from distill.rl_problems import RLSelectionConfig, select_rl_problems
 from distill.rollout_work import build_llm_backend
@@ -122,7 +122,12 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
     t_rollout = time.perf_counter()
 
     trajectories, conversion_failures = convert_logs(iter_logs(out_dir / "rollouts"))
+    protocol = protocol_counts(iter_logs(out_dir / "rollouts"))
     kept, report = run_filters(trajectories, problems, cfg.filters)
+    # the report starts at the logs: what never became a trajectory, and why
+    report.insert(0, {"stage": "conversion", "in": len(trajectories) + sum(conversion_failures.values()),
+                      "out": len(trajectories), "reasons": dict(conversion_failures),
+                      "with_parse_failures": protocol["logs_with_parse_failures"]})
     sft_path = out_dir / "sft.jsonl"
     tmp = sft_path.with_suffix(".jsonl.tmp")
     write_jsonl(tmp, kept)
@@ -140,6 +145,7 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
         "problems": len(problems), "rollouts_new": rollout.produced, "rollouts_skipped": rollout.skipped,
         "rollouts_failed": rollout.failed, "actor_restarts": rollout.actor_restarts,
         "converted": len(trajectories), "conversion_failures": dict(conversion_failures),
+        "parse_failures_total": sum(protocol["parse_failures"].values()), "protocol": protocol,
         "sft_trajectories": len(kept), "rl_problems": len(rl_kept), "rl_selection": rl_stats,
         "eval_heldout": len(eval_sets["eval_heldout.jsonl"]), "eval_train": len(eval_sets["eval_train.jsonl"]),
         "rollout_seconds": round(t_rollout - t0, 2), "total_seconds": round(time.perf_counter() - t0, 2),

@@ -23,7 +23,8 @@ from problems.records import Problem
 def build_llm_backend(cfg: TeacherConfig) -> LLMBackend:
     """The model-backed teacher (`openai` or `local`); the oracle is built per rollout instead."""
     if cfg.backend == "openai":
-        return OpenAIChatBackend(cfg.endpoint, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens)
+        return OpenAIChatBackend(cfg.endpoint, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens,
+                                 client=cfg.client, seed=cfg.seed)
     if cfg.backend == "local":
         if not cfg.model_path:
             raise ValueError("TeacherConfig: field 'model_path' is required for backend 'local'")

@@ -12,6 +12,9 @@ Message protocol (what each agent asks for and how its reply is parsed):
   trajectory monitoring: ...` plus a comment; any poor -> re-plan.  verification: `score: 1-4` plus a comment;
   <= 2 -> re-plan, >= 3 -> answer.
 - search: the query only.  crawl: one or more URLs separated by `|`.  code: one ```python fenced block.
+Replies are read by `agents.teacher.protocol` (tolerant of markdown, case, prose, fences and JSON; or JSON the
+server enforced when the backend's `structured` flag is on). A role reply that does not parse is re-asked
+within the role's retry budget (`Agent.ask_parsed`).
 
 Usage: see `agents.teacher.mas.run_mas`, which wires these together.
 """
@@ -23,23 +26,16 @@ from dataclasses import dataclass
 
 from agents.teacher.backends import Completion, LLMBackend
 from agents.teacher.log import MASEvent, ToolCall
+from agents.teacher.protocol import (
+    JSON_INSTRUCTIONS, RETRY_HINTS, ROLE_SCHEMAS, ThinkDecision, one_line, parse_think, reply_parses,
+)
 
-THINKING_NEXT = ("planning", "search", "crawl", "code", "reflection", "answer")
-REFLECTION_ASPECTS = ("information conflict", "tool effectiveness", "trajectory monitoring")
 EVENT_LINE_TAGS = {
     "thinking": "think", "planning": "plan", "reflection": "reflection", "verification": "double_check",
     "answer": "suggested_answer", "search": "search", "crawl": "crawl", "code": "code",
 }
 
-_NEXT_RE = re.compile(r"^\s*NEXT:\s*(\w+)\s*$", re.M)
-_ANSWER_RE = re.compile(r"^\s*ANSWER:\s*(.+?)\s*$", re.M)
-_ASPECT_RE = {a: re.compile(re.escape(a) + r"\s*:\s*(good|average|poor)", re.I) for a in REFLECTION_ASPECTS}
-_SCORE_RE = re.compile(r"score\s*:\s*([1-4])", re.I)
 _FENCE_RE = re.compile(r"```(?:python|py)[ \t]*\n.*?```", re.S)
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def render_events(events: list[MASEvent], observation_chars: int) -> str:
@@ -55,56 +51,40 @@ def render_events(events: list[MASEvent], observation_chars: int) -> str:
     return "\n".join(lines)
 
 
-@dataclass
-class ThinkDecision:
-    thought: str
-    next_agent: str | None  # None when the reply names no known agent (the coordinator is asked again)
-    answer: str | None
-
-
-def parse_think(text: str) -> ThinkDecision:
-    nxt = _NEXT_RE.search(text)
-    ans = _ANSWER_RE.search(text)
-    thought = _ANSWER_RE.sub("", _NEXT_RE.sub("", text)).strip()
-    name = nxt.group(1).lower() if nxt else None
-    return ThinkDecision(thought=one_line(thought), next_agent=name if name in THINKING_NEXT else None,
-                         answer=ans.group(1) if ans else None)
-
-
-def parse_reflection(text: str) -> dict[str, str]:
-    """Aspect -> good/average/poor; an aspect the reply does not score counts as average."""
-    out = {}
-    for aspect, pattern in _ASPECT_RE.items():
-        m = pattern.search(text)
-        out[aspect] = m.group(1).lower() if m else "average"
-    return out
-
-
-def reflection_wants_replan(text: str) -> bool:
-    return "poor" in parse_reflection(text).values()
-
-
-def parse_check_score(text: str) -> int:
-    """The double_check score 1-4; a reply without a score counts as 1 (not verified)."""
-    m = _SCORE_RE.search(text)
-    return int(m.group(1)) if m else 1
-
-
 class Agent:
-    """One agent: a name, a system prompt and its own message history, sent in full on every call."""
+    """One agent: a name, a system prompt and its own message history, sent in full on every call.
+
+    Prompts are append-only: the system prompt (fixed per role and backend) comes first and every call adds
+    turns at the end, so a server's prefix cache reuses everything sent before (vLLM automatic prefix caching,
+    hosted prompt caching). Agents of one role share the same system prompt across problems."""
 
     name = ""
     system_prompt = ""
 
     def __init__(self, backend: LLMBackend):
         self.backend = backend
-        self.messages: list[dict[str, str]] = [{"role": "system", "content": self.system_prompt}]
+        prompt = self.system_prompt
+        if backend.structured and self.name in JSON_INSTRUCTIONS:
+            prompt += " " + JSON_INSTRUCTIONS[self.name]
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": prompt}]
 
     def ask(self, user_text: str, stop: list[str] | None = None) -> Completion:
         self.messages.append({"role": "user", "content": user_text})
-        completion = self.backend.complete(self.name, list(self.messages), stop)
+        completion = self.backend.complete(self.name, list(self.messages), stop, schema=ROLE_SCHEMAS.get(self.name))
         self.messages.append({"role": "assistant", "content": completion.text})
         return completion
+
+    def ask_parsed(self, user_text: str, retries: int) -> tuple[Completion, int]:
+        """Ask, and re-ask up to `retries` times while the reply does not parse for this role. Returns the last
+        reply with the tokens of every attempt (they were all spent) and the number of retries used. The failed
+        replies stay in the history: the model sees what it wrote and why it is asked again."""
+        completion, used = self.ask(user_text), 0
+        while used < retries and not reply_parses(self.name, completion.text):
+            used += 1
+            again = self.ask(RETRY_HINTS[self.name])
+            completion = Completion(again.text, completion.prompt_tokens + again.prompt_tokens,
+                                    completion.completion_tokens + again.completion_tokens)
+        return completion, used
 
 
 class ThinkingAgent(Agent):
@@ -123,7 +103,7 @@ class ThinkingAgent(Agent):
         self.observation_chars = observation_chars
         self.seen = 0  # events already shown to this agent
 
-    def decide(self, events: list[MASEvent]) -> tuple[Completion, ThinkDecision]:
+    def decide(self, events: list[MASEvent], retries: int) -> tuple[Completion, ThinkDecision, int]:
         # Only events it has not seen; its own thoughts are already in its history as assistant turns.
         new = [e for e in events[self.seen:] if e.role != "thinking"]
         self.seen = len(events)
@@ -131,8 +111,8 @@ class ThinkingAgent(Agent):
             user = f"Question: {self.question}\nWhat next?"
         else:
             user = f"New events:\n{render_events(new, self.observation_chars)}\nWhat next?"
-        completion = self.ask(user)
-        return completion, parse_think(completion.text)
+        completion, used = self.ask_parsed(user, retries)
+        return completion, parse_think(completion.text), used
 
 
 class StateAgent(Agent):
@@ -145,9 +125,9 @@ class StateAgent(Agent):
         self.question = question
         self.observation_chars = observation_chars
 
-    def run(self, events: list[MASEvent], extra: str = "") -> Completion:
+    def run(self, events: list[MASEvent], retries: int = 0) -> tuple[Completion, int]:
         state = render_events(events, self.observation_chars)
-        return self.ask(f"Question: {self.question}\nState:\n{state}\n{extra}{self.request}")
+        return self.ask_parsed(f"Question: {self.question}\nState:\n{state}\n{self.request}", retries)
 
 
 class PlanningAgent(StateAgent):
@@ -197,7 +177,11 @@ class ToolAgent(Agent):
         self.messages.append({"role": "assistant", "content": "Noted."})
 
     def argument_from(self, text: str) -> str:
-        return one_line(text).strip().strip('"')
+        # A chatty model wraps the query: a fence, a "Query:" label, quotes or bold. Keep the query only.
+        fenced = re.search(r"```[\w-]*\s*\n?(.*?)```", text, re.S)
+        line = one_line(fenced.group(1) if fenced else text)
+        line = re.sub(r"^[*_`#\s]*(?:search\s+)?query[*_`\s]*:[*_`\s]*", "", line, flags=re.I)
+        return line.strip().strip("*`").strip().strip('"')
 
 
 class SearchAgent(ToolAgent):

@@ -6,7 +6,10 @@ into a single Chain-of-Agents trajectory; the token counts feed the efficiency c
 
 Schema (JSONL):
     {log_id, problem_id, question, family, events: [{step, agent, role, content, tool_call: {tag, argument} | null,
-     observation: str | null, prompt_tokens, completion_tokens}], final_answer, verified, teacher, sample_idx}
+     observation: str | null, prompt_tokens, completion_tokens}], final_answer, verified, teacher, sample_idx,
+     parse_retries: {role: n}, parse_failures: {role: n}}
+`parse_retries` counts re-asks after a role reply that did not parse (agents.teacher.protocol); `parse_failures`
+counts replies still unparseable after the role's retry budget. Logs written before these fields read as {}.
 
 `role` is one of ROLES. Answer events: every `answer` event but the last is a *suggested* answer (always followed
 by a verification event); the last one is the final answer.
@@ -65,6 +68,8 @@ class MASLog:
     teacher: str  # backend description, e.g. "oracle(mistake_rate=0.3)" or "openai:qwen-72b"
     sample_idx: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    parse_retries: dict[str, int] = field(default_factory=dict)
+    parse_failures: dict[str, int] = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int:
@@ -96,6 +101,8 @@ class MASLog:
             log_id=str(data["log_id"]), problem_id=str(data["problem_id"]), question=data["question"],
             family=data["family"], events=events, final_answer=data["final_answer"], verified=bool(data["verified"]),
             teacher=data["teacher"], sample_idx=int(data.get("sample_idx", 0)), metadata=dict(data.get("metadata") or {}),
+            parse_retries={str(k): int(v) for k, v in (data.get("parse_retries") or {}).items()},
+            parse_failures={str(k): int(v) for k, v in (data.get("parse_failures") or {}).items()},
         )
 
 

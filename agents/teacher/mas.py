@@ -25,10 +25,10 @@ from pydantic import Field
 from afm.config import Config
 from agents.teacher.agents import (
     CodeAgent, CrawlAgent, PlanningAgent, ReflectionAgent, SearchAgent, ThinkingAgent, ToolAgent, VerificationAgent,
-    parse_check_score, reflection_wants_replan,
 )
-from agents.teacher.backends import Completion, LLMBackend
+from agents.teacher.backends import Completion, LLMBackend, OpenAIClientConfig
 from agents.teacher.log import MASEvent, MASLog, ToolCall
+from agents.teacher.protocol import canonical_reply, check_passes, reflection_wants_replan, reply_parses
 from problems.records import Problem
 
 
@@ -53,6 +53,14 @@ class TeacherConfig(Config):
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: env var holding the API key ('EMPTY' if unset)")
     temperature: float = Field(0.7, ge=0.0, description="openai/local: sampling temperature")
     max_tokens: int = Field(512, ge=8, description="openai/local: completion token cap per agent call")
+    client: OpenAIClientConfig = Field(default_factory=OpenAIClientConfig,
+                                       description="openai: timeouts, retries, concurrency per endpoint, "
+                                                   "structured output, API key source")
+    parse_retries: dict[str, int] = Field(
+        default_factory=lambda: {"thinking": 2, "verification": 1, "reflection": 1},
+        description="Re-asks per call when a role's reply does not parse (thinking: no known NEXT agent; "
+                    "verification: no score; reflection: no aspect scored). Retries are agent calls and count "
+                    "toward max_steps and the token counts; what is still unparseable is counted in the log")
     seed: int = Field(0, description="Base seed; each (problem, sample) derives its own")
 
 
@@ -68,6 +76,15 @@ class _Run:
         self.tools: dict[str, ToolAgent] = {"search": SearchAgent(backend, q, n), "crawl": CrawlAgent(backend, q, n),
                                             "code": CodeAgent(backend, q, n)}
         self.events: list[MASEvent] = []
+        self.retries = cfg.parse_retries
+        self.parse_retries: dict[str, int] = {}  # role -> re-asks used
+        self.parse_failures: dict[str, int] = {}  # role -> replies still unparseable after the re-asks
+
+    def count_protocol(self, role: str, text: str, retries_used: int) -> None:
+        if retries_used:
+            self.parse_retries[role] = self.parse_retries.get(role, 0) + retries_used
+        if not reply_parses(role, text):
+            self.parse_failures[role] = self.parse_failures.get(role, 0) + 1
 
     def record(self, agent: str, role: str, content: str, completion: Completion | None,
                tool_call: ToolCall | None = None, observation: str | None = None) -> MASEvent:
@@ -79,8 +96,15 @@ class _Run:
         return event
 
     def plan(self) -> None:
-        completion = self.planning.run(self.events)
+        completion, _ = self.planning.run(self.events)
         self.record("planning", "planning", completion.text.strip(), completion)
+
+    def ask_role(self, agent: ReflectionAgent | VerificationAgent) -> str:
+        """Run a scored role agent (within its retry budget), record its reply, return the reply text."""
+        completion, used = agent.run(self.events, self.retries.get(agent.name, 0))
+        self.count_protocol(agent.name, completion.text, used)
+        self.record(agent.name, agent.name, canonical_reply(agent.name, completion.text), completion)
+        return completion.text
 
     def last_observation(self) -> str:
         for ev in reversed(self.events):
@@ -98,7 +122,8 @@ def run_mas(problem: Problem, backend: LLMBackend, toolbox, cfg: TeacherConfig, 
     run = _Run(problem, backend, cfg)
     suggested, verified = "", False
     while run.agent_calls() < cfg.max_steps:
-        completion, decision = run.thinking.decide(run.events)
+        completion, decision, used = run.thinking.decide(run.events, run.retries.get("thinking", 0))
+        run.count_protocol("thinking", completion.text, used)
         run.record("thinking", "thinking", decision.thought, completion)
         nxt = decision.next_agent
         if nxt == "planning":
@@ -111,22 +136,21 @@ def run_mas(problem: Problem, backend: LLMBackend, toolbox, cfg: TeacherConfig, 
             run.record(nxt, nxt, call_completion.text.strip(), call_completion, tool_call=call,
                        observation=result.text)
         elif nxt == "reflection":
-            completion = run.reflection.run(run.events)
-            run.record("reflection", "reflection", completion.text.strip(), completion)
-            if reflection_wants_replan(completion.text):
+            if reflection_wants_replan(run.ask_role(run.reflection)):
                 run.plan()
         elif nxt == "answer":
             suggested = (decision.answer or decision.thought).strip()
             run.record("thinking", "answer", suggested, None)  # tokens already counted on the thought
-            completion = run.verification.run(run.events)
-            run.record("verification", "verification", completion.text.strip(), completion)
-            if parse_check_score(completion.text) >= 3:
+            # an unparseable score (after the retries) is not a verification: counted, then re-planned
+            if check_passes(run.ask_role(run.verification)):
                 run.record("answer", "answer", suggested, None)
                 verified = True
                 break
             run.plan()
-        # An unparseable NEXT leaves only the thought in the log; the coordinator is asked again.
+        # An unparseable NEXT (after the retries) leaves only the thought in the log, counted in parse_failures;
+        # the coordinator is asked again.
     return MASLog(
         log_id=log_id or problem.id, problem_id=problem.id, question=problem.question, family=problem.family,
         events=run.events, final_answer=suggested, verified=verified, teacher=backend.name, sample_idx=sample_idx,
+        parse_retries=run.parse_retries, parse_failures=run.parse_failures,
     )

@@ -36,9 +36,9 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from agents.teacher.agents import parse_check_score
 from agents.teacher.answers import answer_matches
 from agents.teacher.backends import Completion, estimate_message_tokens, estimate_tokens
+from agents.teacher.protocol import check_passes
 from problems.records import Problem
 
 _QUESTION_RE = re.compile(r"^Question: (.*)$", re.M)
@@ -110,9 +110,12 @@ class ScriptedOracleBackend:
         self.reflection_rate = reflection_rate
         self.seed = seed
         self.name = f"oracle(mistake_rate={mistake_rate})"
+        self.structured = False  # it writes the line protocol itself
+        self.max_concurrency = 1  # pure Python under the GIL: threads would not make it faster
 
     # ------------------------------------------------------------------ the interface
-    def complete(self, agent: str, messages: list[dict[str, str]], stop: list[str] | None) -> Completion:
+    def complete(self, agent: str, messages: list[dict[str, str]], stop: list[str] | None,
+                 schema: dict | None = None) -> Completion:
         problem = self.knowledge.lookup(messages)
         replies = {"thinking": self._thinking, "planning": self._planning, "reflection": self._reflection,
                    "verification": self._verification, "search": self._search, "crawl": self._crawl,
@@ -174,7 +177,7 @@ class ScriptedOracleBackend:
                 b.has_plan = True
             elif tag == "suggested_answer":
                 b.suggested.append(rest)
-            elif tag == "double_check" and parse_check_score(rest) <= 2:
+            elif tag == "double_check" and not check_passes(rest):
                 # the suggested answer was wrong: go back and redo the step that produced it
                 b.pos, b.slipped = max(b.pos - 1, 0), False
                 b.mistakes_seen += 1

@@ -59,7 +59,8 @@ def test_upsampling_repeats_corrected_ones():
 
 def test_run_filters_reports_each_stage():
     items = [traj("a", reflective=True, erred=True), traj("b", extra_thinks=0), traj("c", answer="no")]
+    items[2].metadata["parse_failures"] = 2  # its teacher log had two role replies that never parsed
     kept, report = run_filters(items, list(PROBLEMS.values()), FilterConfig())
     assert [t.id for t in kept] == ["a", "a#up1"]
-    assert [(r["stage"], r["in"], r["out"]) for r in report] == [
-        ("complexity", 3, 2), ("quality", 2, 1), ("reflection", 1, 1), ("upsampling", 1, 2)]
+    assert [(r["stage"], r["in"], r["out"], r["with_parse_failures"]) for r in report] == [
+        ("complexity", 3, 2, 1), ("quality", 2, 1, 1), ("reflection", 1, 1, 0), ("upsampling", 1, 2, 0)]

@@ -22,7 +22,9 @@ def test_distill_dataset_tiny(ray_session, tmp_path):
         validate_trajectory(t)
         assert t.interactions >= cfg.filters.min_interactions and t.metadata["verified"]
     assert result.counts["problems"] == 20 and result.counts["rollouts_new"] == 20
-    assert [r["stage"] for r in result.filter_report] == ["complexity", "quality", "reflection", "upsampling"]
+    assert [r["stage"] for r in result.filter_report] == ["conversion", "complexity", "quality", "reflection",
+                                                          "upsampling"]
+    assert result.filter_report[0]["in"] == 20 and result.counts["parse_failures_total"] == 0  # the oracle parses
     rl = read_problems(result.rl_problems_path)
     assert rl and all("solution" in p.metadata for p in rl)
     sft_questions = {json.loads(line)["question"] for line in (tmp_path / "problems.jsonl").read_text().splitlines()}

@@ -84,3 +84,37 @@ def test_same_seed_same_log_and_jsonl_round_trip(world_setup, toolbox, tmp_path)
     write_mas_logs(tmp_path / "logs.jsonl", [a])
     [back] = read_mas_logs(tmp_path / "logs.jsonl")
     assert isinstance(back, MASLog) and back.to_dict() == a.to_dict()
+
+
+class ReformattingOracle(ScriptedOracleBackend):
+    """The oracle's replies reshaped the way chat models write them: the coordinator forgets its NEXT line on
+    every first try (a retry hint gets the real reply), and scores come in markdown or not at all."""
+
+    def __init__(self, problems, verifier_reply=None):
+        super().__init__(OracleKnowledge(problems), 0.0, 0.0, 0)
+        self.verifier_reply = verifier_reply
+
+    def complete(self, agent, messages, stop, schema=None):
+        out = super().complete(agent, [m for m in messages if "Reply again" not in m["content"]], stop, schema)
+        if agent == "thinking" and "Reply again" not in messages[-1]["content"]:
+            out.text = out.text.split("NEXT:")[0].strip() or "Let me think."
+        if agent == "verification":
+            out.text = self.verifier_reply or out.text.replace("score:", "**Score:**")
+        return out
+
+
+def test_unparseable_replies_are_re_asked_and_counted(world_setup, toolbox):
+    p = world_setup.problems[0]
+    log = run_mas(p, ReformattingOracle(world_setup.problems), toolbox, TeacherConfig())
+    assert log.verified and answer_matches(log.final_answer, p.answers)
+    thinking = [e for e in log.events if e.role == "thinking"]
+    assert log.parse_retries == {"thinking": len(thinking)} and log.parse_failures == {}
+    # a markdown score verifies; the log keeps what the verifier wrote
+    assert any(e.role == "verification" and e.content.startswith("**Score:**") for e in log.events)
+
+    stubborn = run_mas(p, ReformattingOracle(world_setup.problems, verifier_reply="Looks right to me."), toolbox,
+                       TeacherConfig(max_steps=20))
+    assert not stubborn.verified  # no score is no verification, and it is counted, not silent
+    assert stubborn.parse_failures["verification"] >= 1
+    assert stubborn.parse_retries["verification"] == stubborn.parse_failures["verification"]
+    assert MASLog.from_dict(stubborn.to_dict()).parse_failures == stubborn.parse_failures

@@ -1,27 +1,113 @@
-"""Reply parsing, answer matching, and the oracle answering each agent in role from its messages."""
+"""Reply parsing (a table of real-world reply shapes), answer matching, and the oracle answering each agent in role from its messages."""
 from __future__ import annotations
+
+import re
 
 import pytest
 
-from agents.teacher.agents import parse_check_score, parse_reflection, parse_think, reflection_wants_replan
 from agents.teacher.answers import answer_matches
 from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
+from agents.teacher.protocol import (
+    ROLE_SCHEMAS, canonical_reply, check_passes, parse_check_score, parse_reflection, parse_think,
+    reflection_wants_replan, reply_parses,
+)
+
+# Coordinator replies as real chat models write them: (reply, next agent, answer). None = must NOT parse.
+THINK_SHAPES = [
+    ('Need Kell Brin. Search "Kell Brin".\nNEXT: search', "search", None),
+    ("**NEXT:** search", "search", None),
+    ("Let me look it up.\n\n**NEXT:** search", "search", None),
+    ("Next: search", "search", None),
+    ("NEXT: search.", "search", None),
+    ("NEXT: Search", "search", None),
+    ("NEXT: **search**", "search", None),
+    ("next: `search`", "search", None),
+    ("### NEXT: planning", "planning", None),
+    ("- NEXT: crawl", "crawl", None),
+    ("I should read the page first, so NEXT: crawl", "crawl", None),
+    ("NEXT: web_search", "search", None),
+    ("Next agent: the planner", "planning", None),
+    ("NEXT = code", "code", None),
+    ("NEXT -> reflection", "reflection", None),
+    ("NEXT: search agent", "search", None),
+    ("So it is 42.\nNEXT: answer\nANSWER: 42", "answer", "42"),
+    ("So it is 42.\n**NEXT:** answer\n**ANSWER:** 42", "answer", "42"),
+    ("The director is Kell Brin.\nNext: answer\nFinal answer: Kell Brin.", "answer", "Kell Brin."),
+    ("NEXT: answer\nAnswer: $\\boxed{17}$", "answer", "17"),
+    ('```\nThought: need the page\nNEXT: crawl\n```', "crawl", None),
+    ('{"thought": "look up Zarno", "next": "search", "answer": ""}', "search", None),
+    ('```json\n{"thought": "done", "next": "answer", "answer": "Kell Brin"}\n```', "answer", "Kell Brin"),
+    ('Here is my decision:\n{"Thought": "plan first", "Next": "Planning"}', "planning", None),
+    ("Sure! I think we should first search for the film. NEXT: search. That should help.", "search", None),
+    ("no routing line", None, None),
+    ("x\nNEXT: dance", None, None),
+    ('{"thought": "hmm"}', None, None),
+]
 
 
-def test_parse_think_reads_next_agent_and_answer():
-    d = parse_think('Need Kell Brin. Search "Kell Brin".\nNEXT: search')
-    assert (d.thought, d.next_agent, d.answer) == ('Need Kell Brin. Search "Kell Brin".', "search", None)
-    d = parse_think("So it is 42.\nNEXT: answer\nANSWER: 42")
-    assert (d.next_agent, d.answer) == ("answer", "42")
-    assert parse_think("no routing line").next_agent is None
-    assert parse_think("x\nNEXT: dance").next_agent is None
+@pytest.mark.parametrize("reply,next_agent,answer", THINK_SHAPES)
+def test_coordinator_reply_shapes(reply, next_agent, answer):
+    d = parse_think(reply)
+    assert (d.next_agent, d.answer) == (next_agent, answer)
+    if next_agent is not None:  # the routing line is not part of the thought
+        assert not re.search(r"\bnext\b[^a-z]*(?:[:=>-]|agent)", d.thought, re.I), d.thought
+    assert reply_parses("thinking", reply) == (next_agent is not None)
 
 
-def test_reflection_and_check_scores():
-    text = "information conflict: good; tool effectiveness: poor; trajectory monitoring: average. Missed."
-    assert parse_reflection(text)["tool effectiveness"] == "poor" and reflection_wants_replan(text)
-    assert not reflection_wants_replan("information conflict: good; tool effectiveness: good")
-    assert parse_check_score("score: 4. fine") == 4 and parse_check_score("looks fine") == 1
+def test_thought_keeps_the_reasoning_only():
+    d = parse_think('Need Kell Brin. Search "Kell Brin".\n**NEXT:** search')
+    assert d.thought == 'Need Kell Brin. Search "Kell Brin".'
+    assert parse_think("Thought: plan first.\nNEXT: planning").thought == "plan first."
+    assert parse_think('{"thought": "look up Zarno", "next": "search", "answer": ""}').thought == "look up Zarno"
+
+
+SCORE_SHAPES = [
+    ("score: 4. fine", 4), ("**Score:** 4", 4), ("Score: 4/5", 3), ("Score: 5/5", 4), ("score = 4", 4),
+    ("SCORE: [3]", 3), ("The answer looks right. Score: 3.", 3), ("I'd give it a score of 2.", 2),
+    ("Rating: 4", 4), ("score: 2/4", 2), ("Score: 9/10", 4), ("Score: four", 4), ("Score: 3.5", 4),
+    ('{"score": 4, "comment": "ok"}', 4), ('```json\n{"score": "3"}\n```', 3), ('{"Score": "2/4"}', 2),
+    ("**Score**: 1 — wrong entity", 1),
+    ("looks fine", None), ("Score: 7", None), ("score: N.", None),
+]
+
+
+@pytest.mark.parametrize("reply,score", SCORE_SHAPES)
+def test_verifier_score_shapes(reply, score):
+    assert parse_check_score(reply) == score
+    assert check_passes(reply) == (score is not None and score >= 3)
+
+
+REFLECTION_SHAPES = [
+    ("information conflict: good; tool effectiveness: poor; trajectory monitoring: average. Missed.",
+     {"information conflict": "good", "tool effectiveness": "poor", "trajectory monitoring": "average"}),
+    ("**Information conflict:** good\n**Tool effectiveness:** Poor\n**Trajectory monitoring:** good",
+     {"information conflict": "good", "tool effectiveness": "poor", "trajectory monitoring": "good"}),
+    ("- Information Conflict - bad\n- Tool_Effectiveness: fair",
+     {"information conflict": "poor", "tool effectiveness": "average"}),
+    ('{"information_conflict": "good", "tool_effectiveness": "good", "trajectory_monitoring": "poor", "comment": ""}',
+     {"information conflict": "good", "tool effectiveness": "good", "trajectory monitoring": "poor"}),
+    ("The search worked well.", {}),
+]
+
+
+@pytest.mark.parametrize("reply,aspects", REFLECTION_SHAPES)
+def test_reflection_shapes(reply, aspects):
+    assert parse_reflection(reply) == aspects
+    assert reflection_wants_replan(reply) == ("poor" in aspects.values())
+    assert reply_parses("reflection", reply) == bool(aspects)
+
+
+def test_json_replies_are_logged_in_the_line_protocol():
+    assert canonical_reply("verification", '{"score": 4, "comment": "matches the page"}') == \
+        "score: 4. matches the page"
+    text = canonical_reply("reflection", '{"information_conflict": "poor", "tool_effectiveness": "good", '
+                                         '"trajectory_monitoring": "average", "comment": "wrong name"}')
+    assert text == ("information conflict: poor; tool effectiveness: good; trajectory monitoring: average; "
+                    "wrong name") and reflection_wants_replan(text)
+    assert canonical_reply("verification", " score: 2. no ") == "score: 2. no"
+    # every schema is strict-mode shaped: all properties required, nothing else allowed
+    for schema in ROLE_SCHEMAS.values():
+        assert set(schema["required"]) == set(schema["properties"]) and schema["additionalProperties"] is False
 
 
 def test_answer_matching():
