@@ -44,7 +44,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol, TypeVar
 
-import httpx
 import openai
 from pydantic import Field
 
@@ -180,7 +179,7 @@ class OpenAIChatBackend:
         # The SDK's own retries are off: ours retry only the named transient errors, with jitter.
         self._client = openai.OpenAI(
             base_url=endpoint, api_key=resolve_api_key(api_key_env, self.cfg.api_key_secret_block), max_retries=0,
-            timeout=httpx.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s))
+            timeout=openai.Timeout(self.cfg.timeout_s, connect=self.cfg.connect_timeout_s))
         self._endpoint = endpoint
         self._model = model
         self._temperature = temperature
