@@ -5,7 +5,10 @@ vLLM or flash-attn) trains a randomly initialised Qwen2.5-0.5B-shaped model (24 
 vocab, ~494M parameters) with the SFT trainer's own functions (`run_sft_worker`, no Ray, no MLflow) under FSDP2
 on a one-process NCCL group, bf16 compute, packed 4,096-token rows of synthetic CoA trajectories, with and
 without activation checkpointing. Records tokens/s, MFU (6 x parameters x tokens/s over the GPU's dense bf16
-peak; attention FLOPs and recomputation not counted) and peak allocated memory. ~2-3 minutes.
+peak; attention FLOPs and recomputation not counted) and peak allocated memory; runs varlen attention (torch's flash varlen) with and without activation checkpointing,
+then the per-example sdpa loop. ~3 minutes. Device command (the varlen/sdpa agreement test first):
+    python3 -m pytest -q -p no:cacheprovider tests/sft/test_varlen_attention.py tests/sft/test_sft_loss.py &&
+    python3 bench/gpu_check.py --results $OUT/gpu_check.jsonl
 `--dry-run` runs the same code on CPU (gloo) with a tiny model and prints the rows without recording them.
 The trainer's config classes need pydantic, which that machine lacks: carry its wheels (pydantic,
 pydantic-core, annotated-types, typing-inspection for cp312; the device README's `.whl` recipe).
@@ -69,6 +72,7 @@ def sft_check(dry_run: bool) -> None:
     from training.parallel import single_process_group
     from training.sft_trainer import MetricsHistory, SFTConfig, run_sft_worker, worker_device
     from training.synthetic_coa import synthetic_trajectories
+    from training.varlen_attention import VARLEN_ATTENTION, packed_attention_for
 
     shape, max_len, steps, warmup = (DRY_SHAPE, 512, 4, 1) if dry_run else (QWEN25_05B, 4096, 24, 4)
     with tempfile.TemporaryDirectory(prefix="gpu-check-sft-") as tmp:
@@ -83,12 +87,15 @@ def sft_check(dry_run: bool) -> None:
         n_params = sum(p.numel() for p in model.parameters())
         policy = save_policy(model, tokenizer, work / "policy")
         del model
-        for checkpointing in (True, False):
+        # varlen attention with and without activation checkpointing, then the sdpa loop for comparison
+        for checkpointing, choice in ((True, "auto"), (False, "auto"), (True, "sdpa")):
             cfg = SFTConfig(model_path=str(policy), dataset=str(data), max_len=max_len, micro_batch=4, lr=1e-4,
                             max_steps=steps, warmup_ratio=0.0, parallelism="fsdp", use_gpu=not dry_run, bf16=True,
-                            activation_checkpointing=checkpointing, checkpoint_every=10_000, report_every=10_000,
-                            output_dir=str(work / f"run-ac{int(checkpointing)}"), log_system_metrics=False)
+                            activation_checkpointing=checkpointing, packed_attention=choice, checkpoint_every=10_000,
+                            report_every=10_000, output_dir=str(work / f"run-{checkpointing}-{choice}"),
+                            log_system_metrics=False)
             device = worker_device(cfg)
+            attention = "varlen" if packed_attention_for(device, cfg.bf16, choice) == VARLEN_ATTENTION else "sdpa_loop"
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             history = MetricsHistory()
@@ -101,8 +108,8 @@ def sft_check(dry_run: bool) -> None:
             detail = {"params": n_params, "shape": shape, "max_len": max_len, "micro_batch": cfg.micro_batch,
                       "activation_checkpointing": checkpointing, "steps": outcome.steps, "final_loss": round(outcome.final_loss, 4),
                       "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                      "attention": "per-example sdpa (models/packed_attention.py)", "wall_s": round(time.perf_counter() - started, 1)}
-            suffix = "ac" if checkpointing else "no_ac"
+                      "attention": attention, "wall_s": round(time.perf_counter() - started, 1)}
+            suffix = f"{'ac' if checkpointing else 'no_ac'}_{attention}"
             record(f"sft_fsdp_tokens_per_s_{suffix}", tokens_per_s, None, "tokens/s", detail)
             if peak:
                 record(f"sft_fsdp_mfu_{suffix}", 6 * n_params * tokens_per_s / peak, 0.30, "fraction",

@@ -95,11 +95,13 @@ def ray_storage(uri: str) -> tuple[str, pyarrow.fs.FileSystem | None]:
 
 
 def _copy_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
-    """Copy `policy/` out of the final checkpoint, atomically (temp dir + rename)."""
+    """Copy `policy/` out of the final checkpoint, atomically (temp dir + rename). Only that folder is read:
+    the checkpoint's DCP shards (fp32 weights + AdamW, 6x the policy's bytes for a bf16 7B) stay in storage."""
     policy_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{policy_dir.name}.tmp-", dir=policy_dir.parent))
-    with checkpoint.as_directory() as local:
-        shutil.copytree(Path(local) / "policy", tmp / "policy")
+    (tmp / "policy").mkdir()
+    pyarrow.fs.copy_files(f"{checkpoint.path}/policy", str(tmp / "policy"), source_filesystem=checkpoint.filesystem,
+                          destination_filesystem=pyarrow.fs.LocalFileSystem())
     if policy_dir.exists():
         shutil.rmtree(policy_dir)
     os.replace(tmp / "policy", policy_dir)

@@ -48,7 +48,6 @@ from tqdm import tqdm
 
 from afm.config import Config
 from models.format import read_jsonl
-from models.packed_attention import PACKED_ATTENTION
 from models.policy import load_policy, save_policy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
@@ -59,6 +58,7 @@ from training.sft_data import (
     resolve_dataset,
 )
 from training.sft_loss import token_loss_sum
+from training.varlen_attention import PackedAttention, packed_attention_for
 
 
 class SFTConfig(Config):
@@ -95,6 +95,9 @@ class SFTConfig(Config):
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward "
                                                               "instead of keeping them (~1/3 more compute, activation "
                                                               "memory of one layer instead of all).")
+    packed_attention: PackedAttention = Field("auto", description="Attention over packed rows: varlen (torch's varlen "
+                                                                  "flash kernel, one call per layer; CUDA + bf16), sdpa "
+                                                                  "(one sdpa call per example; CPU), auto: varlen where it runs.")
     loss_chunk_tokens: int = Field(2048, ge=1, description="Target positions per LM-head + cross-entropy chunk: at "
                                                            "most this many rows of fp32 logits exist at once.")
     checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N optimizer steps (and at the end).")
@@ -211,7 +214,8 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     seed_everything(cfg.seed)
     # fp32 master weights on every path; bf16 exists only as FSDP's compute copy or DDP's autocast (GPU).
     model, tokenizer = load_policy(cfg.model_path, dtype=torch.float32)
-    model.set_attn_implementation(PACKED_ATTENTION)  # per-example attention over the flat micro-batch (sft_data doc)
+    # Per-example attention over the flat micro-batch (sft_data doc): one varlen call on GPU, an sdpa loop on CPU.
+    model.set_attn_implementation(packed_attention_for(ctx.device, cfg.bf16, cfg.packed_attention))
     model.train()
     model = parallelize(model, cfg.parallelism, ctx.device, ctx.world_size, cfg.bf16, cfg.activation_checkpointing)
     data_path, manifest = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
