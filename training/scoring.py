@@ -214,8 +214,10 @@ def extract_prediction(family: str, model_text: str, tests: Mapping[str, Any] | 
     answer = extract_answer(model_text, family, cfg)
     if reward_kind(family) != "tests" or not has_tests(tests):
         return answer
-    if answer is not None and completion_code(tests, answer) is not None:
-        return answer
+    if answer is not None:
+        # an answer over its limit is graded as too long: compiling it to see whether it is code only costs time
+        if len(answer) > answer_char_limit(family, cfg) or completion_code(tests, answer) is not None:
+            return answer
     calls = _CODE_CALL_RE.findall(model_text[:cfg.max_scored_chars])
     return calls[-1] if calls else answer
 
