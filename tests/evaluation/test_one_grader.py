@@ -128,6 +128,24 @@ def test_golden_with_pipe_is_never_split_for_code_and_math(verl_rows):
     assert compute_score("multihop", "<answer>paris</answer>", "London|Paris") == 1.0
 
 
+def test_mixed_verl_export_scores_each_row_by_its_family(tmp_path):
+    import numpy as np
+
+    he = PROBLEMS["HumanEval/2"]
+    qa = Problem(id="m1", question="Where was X born?", answers=["Paris", "Paris, France"], family="multihop")
+    path = tmp_path / "mixed.parquet"
+    write_verl_parquet([qa, he], path)
+    qa_row, he_row = read_verl_parquet(path)
+    assert qa_row["extra_info"]["tests"] is None and qa_row["reward_model"]["ground_truth"] == "Paris|Paris, France"
+    assert compute_score("multihop", "<answer>paris, france</answer>", qa_row["reward_model"]["ground_truth"],
+                         qa_row["extra_info"]) == 1.0
+    assert verl_correct(he_row, answer(he.metadata["canonical_solution"]))
+    # verl hands list columns over as numpy arrays
+    as_numpy = dict(he_row["extra_info"], answer=np.array(he_row["extra_info"]["answer"], dtype=object))
+    assert compute_score("humaneval", answer("    return number % 1.0\n"), he_row["reward_model"]["ground_truth"],
+                         as_numpy) == 1.0
+
+
 @pytest.mark.parametrize("family,golden,text,expected", [
     ("computation", ["41431"], "<answer>41,431</answer>", True),
     ("computation", ["41431"], "<answer>41432</answer>", False),
