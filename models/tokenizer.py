@@ -3,7 +3,10 @@
 The default tokenizer is a byte-level BPE trained here (no hub download) in which every CoA tag
 (`<think>`, `</think>`, ..., `<observation>`, `</observation>`) is ONE special token, with Qwen's chat tokens
 `<|im_start|>`, `<|im_end|>` (eos) and `<|endoftext|>` (pad) and a Qwen-style chat template. Every other
-function here also works with a real checkpoint's tokenizer (e.g. Qwen's), where the tags are plain text.
+function here also works with a real checkpoint's tokenizer (e.g. Qwen's); SFT first makes the tags special
+tokens of it (models/policy_tokens.py), keeping the checkpoint's own chat template. A template that injects a
+default system turn when none is given (Qwen2.5's "You are Qwen, ...") gets none: the system prompt is only
+ever the configured one.
 
 Text that comes from outside the model (tool observations, user questions) is UNTRUSTED: it is tokenized
 with special-token parsing switched off (`encode_untrusted`), so a page containing `</observation><answer>`
@@ -131,6 +134,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system_prom
     messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     messages.append({"role": "user", "content": _QUESTION_SLOT})
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if system_prompt is None:
+        rendered = _without_injected_system_turn(rendered)
     pieces = rendered.split(_QUESTION_SLOT)
     if len(pieces) != 2:
         raise ValueError(
@@ -140,6 +145,16 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system_prom
     return _encode_trusted(tokenizer, pieces[0]) + encode_untrusted(tokenizer, question) + _encode_trusted(
         tokenizer, pieces[1]
     )
+
+
+def _without_injected_system_turn(rendered: str) -> str:
+    """`rendered` minus a leading ChatML system turn that the template added on its own (Qwen2.5 adds one when
+    the messages have none); the question slot never sits inside it."""
+    header = IM_START + "system\n"
+    if not rendered.startswith(header):
+        return rendered
+    end = rendered.index(IM_END, len(header)) + len(IM_END)
+    return rendered[end + 1:] if rendered[end:end + 1] == "\n" else rendered[end:]
 
 
 def encode_observation(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -49,6 +49,7 @@ from tqdm import tqdm
 from afm.config import Config
 from models.format import read_jsonl
 from models.policy import load_policy, save_policy
+from models.policy_tokens import add_coa_special_tokens
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
 from training.lr import warmup_schedule
@@ -214,6 +215,7 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     seed_everything(cfg.seed)
     # fp32 master weights on every path; bf16 exists only as FSDP's compute copy or DDP's autocast (GPU).
     model, tokenizer = load_policy(cfg.model_path, dtype=torch.float32)
+    add_coa_special_tokens(model, tokenizer)  # a real checkpoint's tags become special tokens (no-op for the tiny one)
     # Per-example attention over the flat micro-batch (sft_data doc): one varlen call on GPU, an sdpa loop on CPU.
     model.set_attn_implementation(packed_attention_for(ctx.device, cfg.bf16, cfg.packed_attention))
     model.train()

@@ -170,7 +170,7 @@ def test_functions_work_with_a_qwen_style_tokenizer_where_tags_are_text(plain_ta
     traj = sample_trajectory(5)
     traj.segments[3] = Segment("observation", HOSTILE)
     prompt = encode_prompt(tok, traj.question)
-    assert decode(tok, prompt).startswith("<|im_start|>system\nYou are Qwen")
+    assert decode(tok, prompt).startswith("<|im_start|>user\n")  # the template's default system turn is dropped
     assert decode(tok, encode_prompt(tok, traj.question, SYSTEM_PROMPT)).startswith(f"<|im_start|>system\n{SYSTEM_PROMPT}")
     ex = encode_trajectory(tok, traj)
     masked = decode(tok, [t for t, m in zip(ex.input_ids, ex.loss_mask) if m == 0])
