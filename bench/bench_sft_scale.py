@@ -130,7 +130,7 @@ def first_step_peak_bytes(cfg_json: str) -> int:
     cfg = SFTConfig.model_validate_json(cfg_json)
     ctx = WorkerContext(0, 1, torch.device("cpu"), LocalSink(cfg, 0))
     parts = setup(cfg, ctx, Path(cfg.output_dir) / "data")
-    batch = collate_rows(parts.rows[:cfg.micro_batch])
+    batch = collate_rows([parts.rows[i] for i in range(cfg.micro_batch)])
     with open("/proc/self/statm") as handle:
         rss_after_setup = int(handle.read().split()[1]) * resource.getpagesize()
     train_step(parts, cfg, ctx, [batch], float(count_targets(batch)))

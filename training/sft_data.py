@@ -222,3 +222,12 @@ def resolve_dataset(dataset: str, dataset_file: str, work_dir: Path) -> tuple[Pa
         raise FileNotFoundError(f"dataset {dataset!r}: no {dataset_file!r} in its manifest (has {sorted(manifest['files'])}); set dataset_file")
     local = store.fetch_artifact(name, Path(work_dir) / name)
     return local / dataset_file, manifest
+
+
+def dataset_identity(dataset: str) -> tuple[str, str]:
+    """(uri, sha256 digest) of the dataset, for lineage: the manifest digest of an artifact, else the file's sha."""
+    if dataset.endswith(".jsonl") and Path(dataset).is_file():
+        return str(Path(dataset).resolve()), sha256_file(Path(dataset))
+    root, _, name = dataset.rstrip("/").rpartition("/")
+    manifest = open_store(root or ".").read_manifest(name)
+    return manifest["uri"], manifest["digest"]

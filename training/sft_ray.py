@@ -72,7 +72,8 @@ def sft_worker_loop(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     rank = context.get_world_rank()
     ctx = WorkerContext(rank=rank, world_size=context.get_world_size(),
-                        device=worker_device(cfg, context.get_local_rank()), sink=RaySink(rank))
+                        device=worker_device(cfg, context.get_local_rank()), sink=RaySink(rank),
+                        local_rank=context.get_local_rank())
     logger = StepMetricsLogger(config["tracking_uri"], config["run_id"]) if rank == 0 else None
     work_dir = Path(tempfile.mkdtemp(prefix="afm-sft-data-"))
     try:

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from afm import tracking
 from evaluation.lineage import lineage_tags
 from afm.storage import open_store, sha256_file
-from training.sft_data import resolve_dataset
+from training.sft_data import dataset_identity, resolve_dataset
 
 if TYPE_CHECKING:
     from training.sft_trainer import SFTConfig, TrainOutcome
@@ -89,12 +89,3 @@ def finish_sft_run(cfg: "SFTConfig", run_id: str, policy_dir: Path, outcome: "Tr
     dataset_uri, dataset_sha = dataset_identity(cfg.dataset)
     tags = lineage_tags("sft", run_id, cfg.model_path, "", dataset_uri, dataset_sha)
     return tracking.register_model(policy_dir, cfg.registered_model_name, tags=tags)
-
-
-def dataset_identity(dataset: str) -> tuple[str, str]:
-    """(uri, sha256 digest) of the dataset, for lineage: the manifest digest of an artifact, else the file's sha."""
-    if dataset.endswith(".jsonl") and Path(dataset).is_file():
-        return str(Path(dataset).resolve()), sha256_file(Path(dataset))
-    root, _, name = dataset.rstrip("/").rpartition("/")
-    manifest = open_store(root or ".").read_manifest(name)
-    return manifest["uri"], manifest["digest"]

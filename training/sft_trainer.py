@@ -47,18 +47,15 @@ from pydantic import Field
 from tqdm import tqdm
 
 from afm.config import Config
-from models.format import read_jsonl
 from models.policy import load_policy, save_policy
 from models.policy_tokens import add_coa_special_tokens
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
 from training.lr import warmup_schedule
 from training.parallel import Parallelism, clip_grad_norm, grad_sync, hf_model, parallelize, single_process_group
-from training.sft_data import (
-    DataReport, SFTExample, build_examples, collate_rows, count_targets, epoch_row_order, pack_examples,
-    resolve_dataset,
-)
+from training.sft_data import DataReport, collate_rows, count_targets, dataset_identity, epoch_row_order
 from training.sft_loss import token_loss_sum
+from training.sft_rows import RowTable, tokenized_rows
 from training.varlen_attention import PackedAttention, packed_attention_for
 
 
@@ -175,6 +172,7 @@ class WorkerContext:
     world_size: int
     device: torch.device
     sink: CheckpointSink
+    local_rank: int = 0  # rank on this machine: local rank 0 tokenizes the data for the machine's workers
 
 
 @dataclass
@@ -185,7 +183,7 @@ class TrainParts:
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    rows: list[list[SFTExample]]
+    rows: RowTable  # packed rows of examples, memory-mapped (training/sft_rows.py)
     data: DataReport
     steps_per_epoch: int
     total_steps: int
@@ -220,9 +218,8 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     model.set_attn_implementation(packed_attention_for(ctx.device, cfg.bf16, cfg.packed_attention))
     model.train()
     model = parallelize(model, cfg.parallelism, ctx.device, ctx.world_size, cfg.bf16, cfg.activation_checkpointing)
-    data_path, manifest = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
-    examples, report = build_examples(read_jsonl(data_path), tokenizer, cfg.system_prompt, cfg.max_len)
-    rows = pack_examples(examples, cfg.max_len) if cfg.pack else [[e] for e in examples]
+    rows = tokenized_rows(cfg, tokenizer, builder=ctx.local_rank == 0, work_dir=work_dir)
+    report = rows.report
     rows_per_step = cfg.micro_batch * cfg.grad_accum * ctx.world_size
     steps_per_epoch = len(rows) // rows_per_step
     if steps_per_epoch == 0:
@@ -235,7 +232,7 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     scheduler = warmup_schedule(optimizer, cfg.schedule, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
     # Resume is only exact when the data and the batch geometry are the same as when the checkpoint was made.
     fingerprint = {
-        "dataset_digest": manifest["digest"], "rows": len(rows), "rows_per_step": rows_per_step,
+        "dataset_digest": dataset_identity(cfg.dataset)[1], "rows": len(rows), "rows_per_step": rows_per_step,
         "total_steps": total_steps, "seed": cfg.seed,
     }
     start_step, elapsed_s = 0, 0.0
@@ -423,9 +420,9 @@ def worker_device(cfg: SFTConfig, local_rank: int = 0) -> torch.device:
 def run_sft_worker(
     cfg: SFTConfig, rank: int, world_size: int, device: torch.device, logger: MetricsLogger | None = None
 ) -> TrainOutcome:
-    """One worker of a job whose process group exists (or world_size 1 with ddp): checkpoints and the final
-    policy under `cfg.output_dir`, on a directory every rank sees. No Ray, no MLflow."""
-    return train_worker(cfg, WorkerContext(rank, world_size, device, LocalSink(cfg, rank)),
+    """One worker of a job whose process group exists (or world_size 1 with ddp), all on this machine:
+    tokenized rows, checkpoints and the final policy under `cfg.output_dir`. No Ray, no MLflow."""
+    return train_worker(cfg, WorkerContext(rank, world_size, device, LocalSink(cfg, rank), local_rank=rank),
                         Path(cfg.output_dir) / "data", logger)
 
 

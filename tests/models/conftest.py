@@ -1,9 +1,13 @@
-"""Shared fixtures: a small corpus, a tokenizer trained on it, a 2-layer tiny model, and a model that has
-memorized one CoA trajectory (so greedy decoding produces a real, well-formed rollout)."""
+"""Shared fixtures: a small corpus, a tokenizer trained on it, a 2-layer tiny model, a model that has
+memorized one CoA trajectory (so greedy decoding produces a real, well-formed rollout), and a Qwen-like
+tokenizer in which the CoA tags are text (`qwen_like_tokenizer`)."""
 from __future__ import annotations
 
 import pytest
 import torch
+from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import PreTrainedTokenizerFast
 
 from models.format import Segment, Trajectory, render_segments
 from models.tiny import TinyModelConfig, build_tiny_model
@@ -65,3 +69,35 @@ def memorized_model(tokenizer, tiny_cfg):
     tool observations inserted is a genuine multi-turn rollout."""
     return memorize_trajectory(build_tiny_model(tiny_cfg, tokenizer), tokenizer, sample_trajectory(0),
                                SYSTEM_PROMPT, max_steps=150)
+
+
+# The non-tool branch of Qwen2.5-Instruct's chat template (default system prompt included).
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Qwen2's pre-tokenizer regex (its tokenizer.json): `>I` of `<think>I need` is one pre-token.
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+
+
+def qwen_like_tokenizer() -> PreTrainedTokenizerFast:
+    """A real checkpoint's kind of tokenizer, made here: byte-level BPE with Qwen2's pre-tokenizer, ChatML
+    specials only (the CoA tags are text), a Qwen2.5-style chat template."""
+    backend = Tokenizer(BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  clean_up_tokenization_spaces=False)
+    tok.chat_template = QWEN25_TEMPLATE
+    return tok

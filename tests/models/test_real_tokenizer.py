@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from models.format import render_segments, write_jsonl
 from models.policy import load_policy, save_policy
@@ -15,29 +14,10 @@ from models.policy_tokens import add_coa_special_tokens, special_tokens
 from models.tokenizer import (
     TAG_TOKENS, check_token_roundtrip, decode, encode_prompt, encode_segments, encode_trajectory, encode_untrusted,
 )
-from tests.models.conftest import corpus, sample_trajectory
-from tests.models.test_tokenizer import HOSTILE, QWEN25_TEMPLATE
+from tests.models.conftest import QWEN25_TEMPLATE, qwen_like_tokenizer, sample_trajectory
+from tests.models.test_tokenizer import HOSTILE
 
-# Qwen2's pre-tokenizer regex (its tokenizer.json): `>I` of `<think>I need` is one pre-token.
-QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-               r"|\s+(?!\S)|\s+")
 RESERVED_ROWS = 8  # fewer than the 24 tags: some reuse reserved rows, the rest grow the embeddings
-
-
-def qwen_like_tokenizer() -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  clean_up_tokenization_spaces=False)
-    tok.chat_template = QWEN25_TEMPLATE
-    return tok
 
 
 @pytest.fixture
