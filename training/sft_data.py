@@ -1,6 +1,7 @@
 """SFT data: CoA trajectories -> (input_ids, labels) examples -> packed rows -> model-ready batches.
 
-Pipeline (plain functions, no Ray/Prefect):
+Pipeline (plain functions, no Ray/Prefect; training/sft_rows.py runs the first two once per machine and
+stores the rows in a memory-mapped Arrow file):
     examples, report = build_examples(trajectories, tokenizer, system_prompt, max_len)
     rows = pack_examples(examples, max_len) if pack else [[e] for e in examples]
     order = epoch_row_order(len(rows), seed, epoch)
