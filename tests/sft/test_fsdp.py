@@ -1,5 +1,5 @@
-"""FSDP2 SFT on CPU (gloo, spawned processes, no Ray): worker-count invariance, activation checkpointing under
-sharding, pinned loss, parameters change, DCP resume across world sizes.
+"""FSDP2 SFT on CPU (gloo, spawned processes, no Ray): worker-count invariance, activation checkpointing and
+gradient accumulation under sharding, pinned loss, parameters change, DCP resume across world sizes.
 
 Tolerance: 2 workers reduce gradients and the loss in another summation order than 1 worker (fp32), so loss
 curves agree to 1e-4 absolute (measured differences are ~1e-6), not bit for bit.
@@ -45,8 +45,11 @@ def test_two_workers_with_activation_checkpointing_match_one_worker_and_the_pinn
 
 
 @pytest.mark.slow
-def test_dcp_resume_across_world_sizes_gives_the_uninterrupted_losses(sft_cfg, tmp_path):
-    straight = run_workers(_cfg(sft_cfg, tmp_path / "straight", micro_batch=2, max_steps=4, checkpoint_every=2), 1)
+def test_dcp_resume_across_world_sizes_and_accumulation_give_the_uninterrupted_losses(sft_cfg, tmp_path):
+    # 4 rows a step throughout: 1 worker x 2 x accumulation 2, then 2 workers x 1 x accumulation 2 (gradient
+    # sync on the last micro-batch only), then 1 worker x 4 without accumulation.
+    straight = run_workers(_cfg(sft_cfg, tmp_path / "straight", micro_batch=2, grad_accum=2, max_steps=4,
+                                checkpoint_every=2), 1)
 
     def resume_from(checkpoint: Path, out: Path, world_size: int, **update) -> dict[int, float]:
         (out / "checkpoints").mkdir(parents=True)
@@ -56,12 +59,12 @@ def test_dcp_resume_across_world_sizes_gives_the_uninterrupted_losses(sft_cfg, t
     # 1 -> 2 workers from the step-2 checkpoint (written by one process).
     step2 = checkpoint_dirs(tmp_path / "straight" / "checkpoints")[0]
     assert step2.name == "step-00000002"
-    widened = resume_from(step2, tmp_path / "widened", 2, micro_batch=1, checkpoint_every=1)
+    widened = resume_from(step2, tmp_path / "widened", 2, micro_batch=1, grad_accum=2, checkpoint_every=1)
     assert sorted(widened) == [3, 4]
     # 2 -> 1 worker from the step-3 checkpoint the two workers wrote (one shard file each).
     step3 = tmp_path / "widened" / "checkpoints" / "step-00000003"
     assert len(list(step3.glob("*.distcp"))) == 2
-    narrowed = resume_from(step3, tmp_path / "narrowed", 1, micro_batch=2)
+    narrowed = resume_from(step3, tmp_path / "narrowed", 1, micro_batch=4)
     assert sorted(narrowed) == [4]
     for step, loss in {**widened, **narrowed}.items():
         assert abs(loss - straight[step]) < TOL, (step, loss, straight[step])
