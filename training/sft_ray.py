@@ -7,7 +7,7 @@ Ray Train merges the reported directories into one checkpoint in its storage (`c
 or s3://bucket/prefix via a pyarrow S3 filesystem honouring AWS_ENDPOINT_URL). Ray keeps the last
 `keep_last`, and `FailureConfig(max_failures)` restarts dead workers from the latest one (exactly: see
 sft_trainer's doc), on any worker count. The driver owns the MLflow run; rank 0 appends metrics to it; the
-final policy (gathered once, training dtype) travels inside the last checkpoint and is copied to
+final policy (gathered once, training dtype) travels inside the last checkpoint and is moved to
 `<output_dir>/policy`, then registered.
 
     ray.init(num_cpus=2)                       # or an existing cluster
@@ -95,9 +95,10 @@ def ray_storage(uri: str) -> tuple[str, pyarrow.fs.FileSystem | None]:
     return f"{parsed.netloc}{parsed.path}".rstrip("/"), pyarrow.fs.S3FileSystem(**options)
 
 
-def _copy_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
-    """Copy `policy/` out of the final checkpoint, atomically (temp dir + rename). Only that folder is read:
-    the checkpoint's DCP shards (fp32 weights + AdamW, 6x the policy's bytes for a bf16 7B) stay in storage."""
+def _move_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
+    """Move `policy/` out of the final checkpoint, atomically (temp dir + rename), so Ray storage keeps no copy
+    of it. Only that folder is read: the checkpoint's DCP shards (fp32 weights + AdamW, 6x the policy's bytes
+    for a bf16 7B) stay in storage for a continued run."""
     policy_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{policy_dir.name}.tmp-", dir=policy_dir.parent))
     (tmp / "policy").mkdir()
@@ -107,6 +108,7 @@ def _copy_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
         shutil.rmtree(policy_dir)
     os.replace(tmp / "policy", policy_dir)
     shutil.rmtree(tmp)
+    checkpoint.filesystem.delete_dir(f"{checkpoint.path}/policy")
 
 
 def cpus_per_worker(cfg: SFTConfig) -> int:
@@ -140,7 +142,7 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
         )
         result = trainer.fit()
         policy_dir = Path(cfg.output_dir) / "policy"
-        _copy_policy(result.checkpoint, policy_dir)
+        _move_policy(result.checkpoint, policy_dir)
         metrics = result.metrics
         data = DataReport(**{key.removeprefix("data."): int(v) for key, v in metrics.items() if key.startswith("data.")})
         outcome = TrainOutcome(metrics["loss"], int(metrics["step"]), metrics["mean_tokens_per_s"], data)

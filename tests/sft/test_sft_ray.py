@@ -53,6 +53,8 @@ def test_two_worker_ray_run_trains_and_registers(sft_cfg, policy_dir, ray_cluste
     assert all(not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters()))
     kept = [p for p in Path(cfg.checkpoint_uri).rglob("trainer_state.json")]
     assert len(kept) == 1  # keep_last=1: the step-2 checkpoint was deleted by Ray
+    assert len(list(kept[0].parent.glob("*.distcp"))) == 2  # one shard per worker, merged by Ray Train
+    assert not list(Path(cfg.checkpoint_uri).rglob("model.safetensors"))  # the policy was moved out, not copied
     assert MlflowClient().get_model_version("afm-sft-test", result.model_version).run_id == result.run_id
 
     # 2 workers x micro_batch 2 see the same 4 rows per step as 1 worker x micro_batch 4, and the loss is
