@@ -5,8 +5,8 @@
 
 Outputs in `out_dir`: problems.jsonl (the SFT problems), corpus.jsonl (search corpus of train AND held-out
 worlds, also served as the mini-web), rollouts/ (MAS log shards), sft.jsonl (filtered trajectories),
-rl_problems.jsonl, eval_heldout.jsonl (held-out entities), eval_train.jsonl (train entities, unseen
-questions), report.json.
+rl_problems.jsonl, rl_selection.jsonl (per-problem baseline results: a re-run resumes), eval_heldout.jsonl
+(held-out entities), eval_train.jsonl (train entities, unseen questions), report.json.
 
 Usage:
     result = distill_dataset(DistillConfig(), Path("runs/distill"))
@@ -137,7 +137,8 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
         baseline = ScriptedOracleBackend(OracleKnowledge(rl_candidates), 0.0, 0.0, cfg.teacher.seed)
     else:
         baseline = build_llm_backend(cfg.teacher)
-    rl_kept, rl_stats = select_rl_problems(rl_candidates, baseline, cfg.rl_selection)
+    rl_kept, rl_stats = select_rl_problems(rl_candidates, baseline, cfg.rl_selection,
+                                           results_path=out_dir / "rl_selection.jsonl")
     rl_path = out_dir / "rl_problems.jsonl"
     write_problems(rl_path, rl_kept)
 
