@@ -151,7 +151,10 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
         "eval_heldout": len(eval_sets["eval_heldout.jsonl"]), "eval_train": len(eval_sets["eval_train.jsonl"]),
         "rollout_seconds": round(t_rollout - t0, 2), "total_seconds": round(time.perf_counter() - t0, 2),
     }
-    (out_dir / "report.json").write_text(json.dumps({"counts": counts, "filter_report": report}, indent=2))
+    # the teacher is recorded (its config: an env var or Secret block NAME, never a key) so that evaluating this
+    # dataset compares against the teacher that made it (evaluation.teacher_eval.resolve_teacher)
+    (out_dir / "report.json").write_text(json.dumps({"counts": counts, "filter_report": report,
+                                                     "teacher": cfg.teacher.model_dump(mode="json")}, indent=2))
     return DistillResult(sft_path, rl_path, corpus_path, report, counts)
 
 

@@ -44,7 +44,7 @@ from evaluation.promotion import (
 )
 from evaluation.records import EvalRecord, write_records
 from evaluation.report import efficiency_rows, save_plots, summary_markdown, summary_rows, tts_curves
-from evaluation.teacher_eval import TEACHER_LABEL, evaluate_teacher
+from evaluation.teacher_eval import TEACHER_LABEL, evaluate_teacher, resolve_teacher
 from models.engines.hf import HFEngine
 from models.policy import load_policy
 from problems.computation import computation_problems
@@ -84,7 +84,9 @@ class EvalConfig(Config):
                                                                      "models:/name@alias, models:/name/version, or "
                                                                      "the registry shorthand name@alias.")
     include_teacher: bool = Field(True, description="Also run the teacher MAS on every set (efficiency baseline).")
-    teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="The teacher MAS and its backend.")
+    teacher: TeacherConfig | None = Field(None, description="The teacher MAS and its backend; None = the teacher "
+                                                            "that distilled the dataset of the problem sets (its "
+                                                            "report.json), else the default scripted oracle.")
     teacher_ray_actors: int = Field(0, ge=0, description="0: teacher runs in this process; N: on the distillation "
                                                          "stage's pool of N Ray actors (LLM teachers, big sets).")
     problem_sets: dict[str, ProblemSetConfig] = Field(default_factory=dict, description="{label: problem set}.")
@@ -245,7 +247,8 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     with tracking.start_run(cfg.mlflow_experiment, cfg.run_name, params=cfg.model_dump(mode="json")), \
             tempfile.TemporaryDirectory(prefix="afm-eval-") as tmp:
         if cfg.include_teacher:
-            records += evaluate_teacher(problem_sets, cfg.teacher, cfg.toolbox, cfg.n_samples, cfg.teacher_ray_actors,
+            teacher = resolve_teacher(cfg.teacher, [ps.source for ps in cfg.problem_sets.values()])
+            records += evaluate_teacher(problem_sets, teacher, cfg.toolbox, cfg.n_samples, cfg.teacher_ray_actors,
                                         judge, limits, Path(tmp))
             write_records(per_problem_path, records)  # after each model: a crash keeps what is done
         for label, uri in cfg.models.items():
