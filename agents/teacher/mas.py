@@ -35,8 +35,9 @@ from problems.records import Problem
 class TeacherConfig(Config):
     """The teacher MAS and its LLM backend."""
 
-    max_steps: int = Field(40, ge=3, description="Agent-call budget per problem, checked before each coordinator "
-                                                 "turn (one turn makes at most 3 calls, so a run may end 2 over)")
+    max_steps: int = Field(40, ge=3, description="Agent-call budget per problem (re-asks included), checked before "
+                                                 "each coordinator turn (one turn makes at most 3 calls plus their "
+                                                 "re-asks, so a run may end that much over)")
     observation_chars: int = Field(400, ge=20, description="Observation characters shown to agents in the state")
     backend: Literal["oracle", "openai", "local"] = Field(
         "oracle", description="oracle: scripted solver for generated families (offline); openai: any "
@@ -113,7 +114,8 @@ class _Run:
         return ""
 
     def agent_calls(self) -> int:
-        return sum(1 for e in self.events if e.prompt_tokens or e.completion_tokens)
+        # a re-asked reply is one event but several calls: each attempt counts toward the budget
+        return sum(1 for e in self.events if e.prompt_tokens or e.completion_tokens) + sum(self.parse_retries.values())
 
 
 def run_mas(problem: Problem, backend: LLMBackend, toolbox, cfg: TeacherConfig, log_id: str | None = None,

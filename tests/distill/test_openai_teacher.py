@@ -12,43 +12,22 @@ import json
 import pytest
 import torch
 
-from agents.teacher.agents import (
-    CodeAgent, CrawlAgent, PlanningAgent, ReflectionAgent, SearchAgent, ThinkingAgent, VerificationAgent,
-)
 from agents.teacher.mas import TeacherConfig, run_mas
 from distill.pipeline import DistillConfig, distill_dataset
 from distill.rollout_work import build_llm_backend
 from distill.shards import iter_logs
-from models.engines.hf import HFEngine
 from models.format import read_jsonl
-from models.tiny import TinyModelConfig, build_tiny_model
-from models.tokenizer import train_tokenizer
-from tests.models.openai_server import serve_openai
+from tests.models.openai_server import serve_openai, tiny_teacher_engine
 
 pytestmark = pytest.mark.integration
 
 KEY_ENV = "AFM_TEST_UNSET_TEACHER_KEY"
-ROLE_AGENTS = (ThinkingAgent, PlanningAgent, ReflectionAgent, VerificationAgent, SearchAgent, CrawlAgent, CodeAgent)
-
-
-def tiny_teacher():
-    """An untrained tiny Qwen2 whose tokenizer knows the role prompts (so prompts stay a few hundred tokens)."""
-    torch.manual_seed(0)
-    texts = [a.system_prompt for a in ROLE_AGENTS] + [
-        'Question: Who directed Zarno?\nState:\n[think] Search "Zarno".\n[search] web_search "Zarno"',
-        '{"thought": "x", "next": "search", "answer": ""} {"score": 4, "comment": ""} score: 4. NEXT: answer',
-        "information conflict: good; tool effectiveness: poor; trajectory monitoring: average",
-    ]
-    tok = train_tokenizer(texts * 20, vocab_size=1024)
-    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                                             intermediate_size=64, max_position_embeddings=8192), tok).eval()
-    return HFEngine(model, tok), tok
 
 
 @pytest.fixture(scope="module")
 def server():
     torch.set_num_threads(1)
-    engine, tok = tiny_teacher()
+    engine, tok = tiny_teacher_engine()
     record: list[dict] = []
     # Ray actors do not inherit the driver's environment, so a key set here would not reach them; the server
     # takes the "EMPTY" key a local vLLM takes (the key path is tested in tests/teacher/test_openai_backend.py)
@@ -98,7 +77,10 @@ def test_plain_text_replies_are_parsed_re_asked_and_counted(server, world_setup,
     # an untrained model never writes a NEXT line: each miss is re-asked within the budget, then counted
     assert all(log.parse_retries.get("thinking", 0) >= 1 and log.parse_failures.get("thinking", 0) >= 1
                for log in logs)
-    assert all(sum(1 for e in log.events if e.prompt_tokens) <= cfg.max_steps for log in logs)
+    # re-asks are agent calls: they count toward the step budget (a turn may end it at most one turn over)
+    thinking_retries = cfg.parse_retries["thinking"]
+    assert all(cfg.max_steps <= sum(1 for e in log.events if e.prompt_tokens) + sum(log.parse_retries.values())
+               <= cfg.max_steps + thinking_retries for log in logs)
     # stable prefixes: an agent's next request starts with everything it sent before (server prefix caches
     # reuse it), and one role's system prompt is the same for every problem
     requests = [r["messages"] for r in record[start:]]

@@ -17,6 +17,8 @@ backed by HFEngine, for testing OpenAI clients on 127.0.0.1 without vLLM.
   serve a teacher as vLLM does by default (a real teacher model has no CoA tag tokens to emit).
 Every chat request body is appended to `record` when one is given (prefix-stability checks).
 
+`tiny_teacher_engine()` builds the untrained tiny teacher the teacher tests and bench/bench_teacher.py serve.
+
 Usage (tests):
     with serve_openai(engine, tokenizer, model_name="tiny", api_key="k") as base_url: ...
 """
@@ -34,8 +36,30 @@ from typing import Iterator
 import torch
 
 from models.engines.hf import HFEngine
+from models.tiny import TinyModelConfig, build_tiny_model
+from models.tokenizer import train_tokenizer
 
 GUIDED_STRING_TOKENS = 24  # a guided string field's cap (a thought, a comment): short, like the oracle's
+
+
+def tiny_teacher_engine() -> tuple[HFEngine, object]:
+    """(engine, tokenizer): an untrained tiny Qwen2 whose tokenizer was trained on the teacher's role prompts, so
+    MAS prompts stay a few hundred tokens; 8,192 positions for a MAS history."""
+    from agents.teacher.agents import (
+        CodeAgent, CrawlAgent, PlanningAgent, ReflectionAgent, SearchAgent, ThinkingAgent, VerificationAgent,
+    )
+
+    torch.manual_seed(0)
+    texts = [a.system_prompt for a in (ThinkingAgent, PlanningAgent, ReflectionAgent, VerificationAgent, SearchAgent,
+                                       CrawlAgent, CodeAgent)] + [
+        'Question: Who directed Zarno?\nState:\n[think] Search "Zarno".\n[search] web_search "Zarno"',
+        '{"thought": "x", "next": "search", "answer": ""} {"score": 4, "comment": ""} score: 4. NEXT: answer',
+        "information conflict: good; tool effectiveness: poor; trajectory monitoring: average",
+    ]
+    tok = train_tokenizer(texts * 20, vocab_size=1024)
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                                             intermediate_size=64, max_position_embeddings=8192), tok).eval()
+    return HFEngine(model, tok), tok
 
 
 class RequestError(ValueError):
