@@ -7,6 +7,7 @@ on disk): both are `save_pretrained` directories. Nothing is ever fetched from a
 
 Usage:
     model, tok = load_policy("runs/sft-v1/policy")            # or "s3://afm/artifacts/policies/sft-v1"
+    model, tok = load_policy(path, device="meta")             # shapes only, no weights read
     save_policy(model, tok, "runs/sft-v1/policy")             # atomic: temp dir + rename
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from afm.storage import local_path, open_store
 from models.tokenizer import load_tokenizer
@@ -30,6 +31,10 @@ def _load_local(path: Path, dtype: torch.dtype | None, device: str) -> tuple[Pre
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json: not a save_pretrained model directory")
     tokenizer = load_tokenizer(path)
+    if device == "meta":  # the architecture without reading its weights: a sharded trainer's other ranks
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True),
+                                                    dtype=dtype), tokenizer
     # dtype None keeps the checkpoint's own dtype (float32 for the tiny policy, bf16 for most real ones).
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", local_files_only=True)
     return model.to(device), tokenizer

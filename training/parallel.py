@@ -9,7 +9,8 @@
 - `fsdp`: FSDP2 (`torch.distributed.fsdp.fully_shard`) on every decoder layer, then on the root (embeddings,
   final norm, LM head). Parameters, gradients and optimizer state are sharded 1/world_size per worker;
   a layer's full weights exist only while it runs. Needs a process group even on one worker (Ray Train makes
-  one; `single_process_group` for a plain process). Master weights stay fp32: on GPU with `bf16`, a
+  one; `single_process_group` for a plain process). On several workers only rank 0 reads the checkpoint;
+  the others build it on the meta device and `fill_from_rank0` broadcasts their shards after sharding. Master weights stay fp32: on GPU with `bf16`, a
   MixedPrecisionPolicy casts them to bf16 for compute and reduces gradients in fp32; on CPU all stays fp32.
 
 Activation checkpointing is transformers' own (each decoder layer's `forward` re-runs in backward, non-reentrant
@@ -26,6 +27,7 @@ from typing import Iterator, Literal
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -78,6 +80,18 @@ def parallelize(
     # shards to the mesh's device, so the full fp32 model never has to fit on one GPU.
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def fill_from_rank0(model: torch.nn.Module, full_state: dict[str, torch.Tensor], rank: int, device: torch.device) -> None:
+    """Collective, after `parallelize(..., "fsdp", ...)`: rank 0 holds the loaded weights (`full_state`, its
+    module's state dict from before sharding), the other ranks a meta-device model; every rank gets its shards
+    broadcast from rank 0, and its buffers (rotary frequencies, not in the state dict) copied from rank 0.
+    One fp32 copy of the model in host memory per job instead of one per worker."""
+    if rank != 0:
+        model.to_empty(device=device)
+    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def hf_model(model: torch.nn.Module) -> torch.nn.Module:

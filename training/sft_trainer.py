@@ -52,7 +52,9 @@ from models.policy_tokens import add_coa_special_tokens
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
 from training.lr import warmup_schedule
-from training.parallel import Parallelism, clip_grad_norm, grad_sync, hf_model, parallelize, single_process_group
+from training.parallel import (
+    Parallelism, clip_grad_norm, fill_from_rank0, grad_sync, hf_model, parallelize, single_process_group,
+)
 from training.sft_data import DataReport, collate_rows, count_targets, dataset_identity, epoch_row_order
 from training.sft_loss import token_loss_sum
 from training.sft_rows import RowTable, tokenized_rows
@@ -212,12 +214,19 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     """Seed, load the policy and data, pack rows, build optimizer/schedule, resume from the latest checkpoint."""
     seed_everything(cfg.seed)
     # fp32 master weights on every path; bf16 exists only as FSDP's compute copy or DDP's autocast (GPU).
-    model, tokenizer = load_policy(cfg.model_path, dtype=torch.float32)
+    # FSDP on several workers: only rank 0 reads the weights, the others get their shards from it.
+    from_rank0 = cfg.parallelism == "fsdp" and ctx.world_size > 1
+    model, tokenizer = load_policy(cfg.model_path, dtype=torch.float32,
+                                   device="meta" if from_rank0 and ctx.rank != 0 else "cpu")
     add_coa_special_tokens(model, tokenizer)  # a real checkpoint's tags become special tokens (no-op for the tiny one)
     # Per-example attention over the flat micro-batch (sft_data doc): one varlen call on GPU, an sdpa loop on CPU.
     model.set_attn_implementation(packed_attention_for(ctx.device, cfg.bf16, cfg.packed_attention))
     model.train()
+    full_state = model.state_dict() if from_rank0 and ctx.rank == 0 else {}
     model = parallelize(model, cfg.parallelism, ctx.device, ctx.world_size, cfg.bf16, cfg.activation_checkpointing)
+    if from_rank0:
+        fill_from_rank0(model, full_state, ctx.rank, ctx.device)
+        del full_state
     rows = tokenized_rows(cfg, tokenizer, builder=ctx.local_rank == 0, work_dir=work_dir)
     report = rows.report
     rows_per_step = cfg.micro_batch * cfg.grad_accum * ctx.world_size
