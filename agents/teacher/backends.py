@@ -13,8 +13,8 @@
     num_actors x max_concurrency requests; size the two together;
   * structured output: with `structured_output` on, role agents that have a reply schema
     (`agents.teacher.protocol.ROLE_SCHEMAS`) get it enforced by the server. Servers differ, so it is a flag:
-    `json_schema` (OpenAI `response_format`), `guided_json` (vLLM < 0.10 `extra_body`), `structured_outputs`
-    (vLLM >= 0.10 `extra_body`);
+    `json_schema` (OpenAI `response_format`), `guided_json` (older vLLM `extra_body`; removed in vLLM 0.12),
+    `structured_outputs` (recent vLLM `extra_body`, the only form from 0.12 on);
   * token counts from the server's `usage` (the estimate below only when a server omits it);
   * the API key from the environment variable `api_key_env`, or from a Prefect Secret block when
     `api_key_secret_block` names one. The key lives only inside the OpenAI client: it is never logged, never in
@@ -100,7 +100,8 @@ class OpenAIClientConfig(Config):
                                                       "process; a Ray pool multiplies it by num_actors")
     structured_output: Literal["off", "json_schema", "guided_json", "structured_outputs"] = Field(
         "off", description="Server-enforced role replies: json_schema (OpenAI response_format), guided_json "
-                           "(vLLM < 0.10 extra_body), structured_outputs (vLLM >= 0.10); off: the tolerant parser")
+                           "(older vLLM extra_body, removed in 0.12), structured_outputs (recent vLLM); off: "
+                           "plain text read by the tolerant parser")
     api_key_secret_block: str = Field("", description="Name of a Prefect Secret block holding the API key; "
                                                       "'' = read the env var TeacherConfig.api_key_env")
 
