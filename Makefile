@@ -29,12 +29,14 @@ run: $(STAMP)
 # in the same process already started and shut down Ray sessions (seen with ray 2.60).
 RAY_TRAIN_TESTS := tests/sft/test_sft_ray.py
 
+# -X faulthandler: a crash anywhere, also after pytest has finished (interpreter exit), prints every thread's
+# Python stack instead of a bare "Segmentation fault" (see afm/hard_exit.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=$(RAY_TRAIN_TESTS)
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider $(RAY_TRAIN_TESTS)
+	$(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=$(RAY_TRAIN_TESTS)
+	$(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider $(RAY_TRAIN_TESTS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not gpu and not integration and not slow" -q -p no:cacheprovider
+	$(BIN)/python -X faulthandler -m pytest -m "not gpu and not integration and not slow" -q -p no:cacheprovider
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

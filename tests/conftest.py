@@ -1,6 +1,8 @@
 """Suite-wide fixtures: a real moto S3 server on 127.0.0.1 (free port) with boto3 pointed at it, and
 isolation: a test module that leaves a Ray session running (e.g. a flow whose stages call ray.init) must not
-leak it into the next module, whose own `ray.init` would then fail."""
+leak it into the next module, whose own `ray.init` would then fail. At the very end the process leaves through
+`afm.hard_exit` (atexit handlers run, native teardown skipped): Ray's C++ threads outlive `ray.shutdown()` and
+would otherwise race the interpreter's teardown (docs/reliability.md, "Exit crash")."""
 from __future__ import annotations
 
 import socket
@@ -45,6 +47,24 @@ def no_ray_session_leaks_between_modules():
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+_session_status: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _session_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Last hook of the run (after the summary is printed): leave without the interpreter's native teardown.
+    Skipped in pytest's own sub-runs (pytester) and when the session never finished (collection errors exit
+    through pytest's normal path)."""
+    if _session_status and config.pluginmanager.has_plugin("terminalreporter"):
+        from afm.hard_exit import exit_after_python_cleanup
+
+        exit_after_python_cleanup(_session_status[-1])
 
 
 def memorize_trajectory(model, tokenizer, traj, system_prompt, max_steps: int):
