@@ -37,24 +37,16 @@ BASE_LIMITS = dict(timeout_s=2.0, cpu_s=5, memory_mb=256, max_output_chars=4000,
 MIB = 1024 * 1024
 
 
-class LoopbackListener:
-    """TCP and UDP listeners on the host's 127.0.0.1 (same port) that count connections and datagrams."""
+class _CountingListener:
+    """A listening stream socket whose accept loop (a daemon thread) counts and closes every connection."""
 
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
+    def __init__(self, sock: socket.socket, backlog: int):
+        self.sock = sock
+        self.sock.listen(backlog)
         self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", self.port))
-        self.udp.settimeout(0.1)
         self.connections = 0
         self.stopped = False
-        self.threads = [threading.Thread(target=self._accept, daemon=True),
-                        threading.Thread(target=self._receive, daemon=True)]
-        for thread in self.threads:
-            thread.start()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
 
     def _accept(self):
         while not self.stopped:
@@ -64,6 +56,28 @@ class LoopbackListener:
                 conn.close()
             except OSError:
                 continue
+
+    def close(self):
+        self.stopped = True
+        for thread in self.threads:
+            thread.join()
+        self.sock.close()
+
+
+class LoopbackListener(_CountingListener):
+    """TCP and UDP listeners on the host's 127.0.0.1 (same port) that count connections and datagrams."""
+
+    def __init__(self):
+        tcp = socket.socket()
+        tcp.bind(("127.0.0.1", 0))
+        super().__init__(tcp, backlog=16)
+        self.port = self.sock.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        self.udp.settimeout(0.1)
+        self.threads.append(threading.Thread(target=self._receive, daemon=True))
+        for thread in self.threads:
+            thread.start()
 
     def _receive(self):
         while not self.stopped:
@@ -74,42 +88,24 @@ class LoopbackListener:
                 continue
 
     def close(self):
-        self.stopped = True
-        for thread in self.threads:
-            thread.join()
-        self.sock.close()
+        super().close()
         self.udp.close()
 
 
-class UnixListener:
+class UnixListener(_CountingListener):
     """A listening AF_UNIX socket (a path, or an abstract name starting with NUL) that counts connections."""
 
     def __init__(self, address: str):
         self.address = address
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(address)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(address)
         if not address.startswith("\0"):
             os.chmod(address, 0o777)  # connectable by anyone who can see it: the path must be what stops it
-        self.sock.listen(4)
-        self.sock.settimeout(0.1)
-        self.connections = 0
-        self.stopped = False
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while not self.stopped:
-            try:
-                conn, _ = self.sock.accept()
-                self.connections += 1
-                conn.close()
-            except OSError:
-                continue
+        super().__init__(sock, backlog=4)
+        self.threads[0].start()
 
     def close(self):
-        self.stopped = True
-        self.thread.join()
-        self.sock.close()
+        super().close()
         if not self.address.startswith("\0"):
             Path(self.address).unlink(missing_ok=True)
 
