@@ -48,6 +48,7 @@ import openai
 from pydantic import Field
 
 from afm.config import Config
+from agents.teacher.protocol import with_string_caps
 
 T = TypeVar("T")
 
@@ -102,6 +103,9 @@ class OpenAIClientConfig(Config):
         "off", description="Server-enforced role replies: json_schema (OpenAI response_format), guided_json "
                            "(older vLLM extra_body, removed in 0.12), structured_outputs (recent vLLM); off: "
                            "plain text read by the tolerant parser")
+    structured_string_chars: int = Field(400, ge=1, description="guided_json / structured_outputs: maxLength of each "
+                                                                "free-text field, so a guided reply closes within "
+                                                                "max_tokens (a cut reply is invalid JSON)")
     api_key_secret_block: str = Field("", description="Name of a Prefect Secret block holding the API key; "
                                                       "'' = read the env var TeacherConfig.api_key_env")
 
@@ -159,16 +163,19 @@ def resolve_api_key(api_key_env: str, secret_block: str) -> str:
     return os.environ.get(api_key_env) or "EMPTY"
 
 
-def structured_request(mode: str, agent: str, schema: dict | None) -> dict[str, Any]:
-    """The request arguments that make a server enforce `schema` for `mode` (none when off or no schema)."""
+def structured_request(cfg: OpenAIClientConfig, agent: str, schema: dict | None) -> dict[str, Any]:
+    """The request arguments that make a server enforce `schema` (none when structured output is off or the
+    agent has no schema)."""
+    mode = cfg.structured_output
     if mode == "off" or schema is None:
         return {}
     if mode == "json_schema":
         return {"response_format": {"type": "json_schema",
                                     "json_schema": {"name": f"{agent}_reply", "schema": schema, "strict": True}}}
+    capped = with_string_caps(schema, cfg.structured_string_chars)
     if mode == "guided_json":
-        return {"extra_body": {"guided_json": schema}}
-    return {"extra_body": {"structured_outputs": {"json": schema}}}
+        return {"extra_body": {"guided_json": capped}}
+    return {"extra_body": {"structured_outputs": {"json": capped}}}
 
 
 class OpenAIChatBackend:
@@ -198,7 +205,7 @@ class OpenAIChatBackend:
         with self._slots:  # held per attempt, not across backoff waits: a waiting call frees its slot
             return self._client.chat.completions.create(
                 model=self._model, messages=messages, stop=stop or None, max_tokens=self._max_tokens,
-                temperature=self._temperature, **structured_request(self.cfg.structured_output, agent, schema))
+                temperature=self._temperature, **structured_request(self.cfg, agent, schema))
 
     def complete(self, agent: str, messages: list[dict[str, str]], stop: list[str] | None,
                  schema: dict | None = None) -> Completion:

@@ -51,6 +51,17 @@ ROLE_SCHEMAS: dict[str, dict[str, Any]] = {
                           for a in REFLECTION_ASPECTS}, "comment": {"type": "string"}},
     },
 }
+
+
+def with_string_caps(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    """`schema` with `maxLength` on its free-text fields. Guided decoding writes a string until the model closes
+    it; an untrained or rambling model would run into max_tokens and leave invalid JSON. (OpenAI's strict mode
+    does not take maxLength, so only the vLLM modes send it.)"""
+    props = {k: ({**v, "maxLength": max_chars} if v.get("type") == "string" and "enum" not in v else v)
+             for k, v in schema["properties"].items()}
+    return {**schema, "properties": props}
+
+
 # What the system prompt says when the server enforces the schema (the model should know the fields' meaning).
 JSON_INSTRUCTIONS = {
     "thinking": 'Reply as JSON: {"thought": ..., "next": <agent>, "answer": <answer or "">}.',
@@ -105,8 +116,8 @@ def json_reply(text: str) -> dict[str, Any] | None:
         candidates.append(text[start:end + 1])
     for candidate in candidates:
         if candidate.startswith("{"):
-            try:
-                value = json.loads(candidate)
+            try:  # strict=False: a sampled string may hold raw control characters, which json rejects
+                value = json.loads(candidate, strict=False)
             except json.JSONDecodeError:
                 continue
             if isinstance(value, dict):

@@ -44,7 +44,7 @@ GUIDED_STRING_TOKENS = 24  # a guided string field's cap (a thought, a comment):
 
 def tiny_teacher_engine() -> tuple[HFEngine, object]:
     """(engine, tokenizer): an untrained tiny Qwen2 whose tokenizer was trained on the teacher's role prompts, so
-    MAS prompts stay a few hundred tokens; 8,192 positions for a MAS history."""
+    MAS prompts stay a few hundred tokens; 8,192 positions for a MAS history. Served here and by vLLM."""
     from agents.teacher.agents import (
         CodeAgent, CrawlAgent, PlanningAgent, ReflectionAgent, SearchAgent, ThinkingAgent, VerificationAgent,
     )
@@ -57,7 +57,8 @@ def tiny_teacher_engine() -> tuple[HFEngine, object]:
         "information conflict: good; tool effectiveness: poor; trajectory monitoring: average",
     ]
     tok = train_tokenizer(texts * 20, vocab_size=1024)
-    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+    # one head of 32: vLLM's CPU attention kernels take head_dim 32, 64, 80, ... (tests/distill/test_vllm_teacher.py)
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=1, num_kv_heads=1,
                                              intermediate_size=64, max_position_embeddings=8192), tok).eval()
     return HFEngine(model, tok), tok
 

@@ -38,6 +38,7 @@ THINK_SHAPES = [
     ('{"thought": "look up Zarno", "next": "search", "answer": ""}', "search", None),
     ('```json\n{"thought": "done", "next": "answer", "answer": "Kell Brin"}\n```', "answer", "Kell Brin"),
     ('Here is my decision:\n{"Thought": "plan first", "Next": "Planning"}', "planning", None),
+    ('{"thought": "raw\x14control", "next": "crawl", "answer": ""}', "crawl", None),  # seen from vLLM
     ("Sure! I think we should first search for the film. NEXT: search. That should help.", "search", None),
     ("no routing line", None, None),
     ("x\nNEXT: dance", None, None),
