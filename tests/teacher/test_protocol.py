@@ -1,4 +1,5 @@
-"""Reply parsing (a table of real-world reply shapes), answer matching, and the oracle answering each agent in role from its messages."""
+"""Reply parsing (a table of real-world reply shapes), answer matching, and the oracle answering each agent in
+role from its messages."""
 from __future__ import annotations
 
 import re
