@@ -29,7 +29,7 @@ def server():
     torch.set_num_threads(1)
     engine, tok = tiny_teacher_engine()
     record: list[dict] = []
-    # Ray actors do not inherit the driver's environment, so a key set here would not reach them; the server
+    # Ray actors see the environment Ray started with (the session fixture), not a key set here later; the server
     # takes the "EMPTY" key a local vLLM takes (the key path is tested in tests/teacher/test_openai_backend.py)
     with serve_openai(engine, tok, model_name="tiny", api_key="EMPTY", record=record,
                       skip_special_tokens=True) as url:
