@@ -29,7 +29,6 @@ import json
 import os
 import queue
 import random
-import socket
 import subprocess
 import threading
 import time
@@ -45,6 +44,7 @@ import torch
 from models.engines.hf import HFEngine
 from models.tiny import TinyModelConfig, build_tiny_model
 from models.tokenizer import train_tokenizer
+from tests.conftest import free_port
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"
 VLLM_STARTUP_S = 300  # import ~15 s + engine init ~40 s on 2 idle cores; far more on a loaded machine
@@ -289,9 +289,7 @@ def serve_openai(engine: HFEngine, tokenizer, model_name: str, api_key: str, bat
 def serve_vllm(model_dir: Path, model_name: str, max_model_len: int = 8192) -> Iterator[str]:
     """`vllm serve model_dir` (OpenAI API, prefix caching, fp32, eager) on a free 127.0.0.1 port, from
     `.vllm-venv`; yields the base URL once /v1/models answers. Its log is model_dir/vllm.log."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = open(model_dir / "vllm.log", "w")
     proc = subprocess.Popen(
         [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
