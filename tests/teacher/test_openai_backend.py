@@ -1,5 +1,6 @@
 """OpenAIChatBackend against a real HTTP server on 127.0.0.1 that answers scripted statuses: retries on 429, 5xx
-and timeouts only, none on other 4xx; the per-endpoint concurrency limit; usage counts; the API key never shows.
+and timeouts only, none on other 4xx; the per-endpoint concurrency limit; usage counts; the API key (from the
+environment or a Prefect Secret block) never shows.
 
     .venv/bin/python -m pytest -q tests/teacher/test_openai_backend.py
 """
@@ -164,3 +165,21 @@ def test_the_api_key_appears_in_no_output(monkeypatch, caplog, world_setup, tool
     outputs.append(caplog.text)
     assert server.auth and all(a == f"Bearer {CANARY}" for a in server.auth)  # it was sent, to the server only
     assert len(outputs) == 12 and not [o for o in outputs if CANARY in o]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_key_can_come_from_a_prefect_secret_block(monkeypatch, caplog):
+    from prefect.blocks.system import Secret
+    from prefect.testing.utilities import prefect_test_harness
+
+    monkeypatch.delenv("AFM_TEST_TEACHER_KEY", raising=False)
+    caplog.set_level(logging.DEBUG)
+    client = FAST.model_copy(update={"api_key_secret_block": "afm-teacher-key"})
+    with prefect_test_harness(server_startup_timeout=90):
+        Secret(value=CANARY).save("afm-teacher-key")
+        with serve([(200, 0)]) as (server, url):
+            b = backend(url, client)
+            b.complete("thinking", MESSAGES, None)
+    assert server.auth == [f"Bearer {CANARY}"]
+    assert CANARY not in repr(b) + str(vars(b)) + client.model_dump_json() + caplog.text
