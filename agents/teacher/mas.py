@@ -9,6 +9,9 @@ Loop (one agent call per step, stopped by a verified answer or `max_steps`):
                                   <= 2 -> planning re-plans
 This mirrors the AFM prompt rules (after a suggested answer only a double_check; poor reflection or a low
 double_check score -> re-plan), so a log converts into a valid Chain-of-Agents trajectory.
+A role reply that does not parse (agents.teacher.protocol) is re-asked up to `parse_retries[role]` times; the
+re-asks count toward `max_steps`. Still unparseable: no NEXT -> the coordinator is asked again next turn, no
+score -> not verified (re-plan), no aspect -> no re-plan; each counted in `MASLog.parse_failures`.
 
 Usage:
     cfg = TeacherConfig()
