@@ -3,7 +3,11 @@
 A stage's output is an artifact in the store whose manifest is written last. Its name carries a key hashed
 from the stage's config and the manifests of its inputs, so a re-run with the same inputs finds the manifest
 and skips the work (a crash costs at most the stage in progress), and any change of config or input data
-makes a new key.
+makes a new key. The key also covers the code that produces the stage: a content hash of the .py files of
+the stage's package, of every first-party package it imports (transitively) and of the platform core `afm/`,
+so after an upgrade the stages whose code changed run again instead of silently reusing old outputs. Any edit
+counts, comments included (a hash cannot tell a refactor from a fix). The task wrappers in tasks/ are not
+hashed: they only move files between the store and the stage.
 
 Usage (inside a task):
     key = stage_key("sft", cfg, inputs={"dataset": dataset_sha})
@@ -11,9 +15,11 @@ Usage (inside a task):
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Callable
@@ -46,10 +52,56 @@ def retry_on_transient(task, task_run, state) -> bool:  # noqa: ARG001 (Prefect'
     return False
 
 
+# Where the first-party packages live (the repo root, or site-packages for an installed copy).
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+# The package each stage runs; the packages it imports are found by reading its source (code_packages).
+STAGE_PACKAGES: dict[str, str] = {
+    "distill": "distill", "policy": "models", "sft": "training", "rl": "training", "eval": "evaluation",
+}
+CORE_PACKAGE = "afm"
+_IMPORT_RE = re.compile(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", re.MULTILINE)
+
+
+def _package_files(root: Path, package: str) -> list[Path]:
+    return sorted(p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@functools.lru_cache(maxsize=None)
+def code_packages(stage: str, root: Path = SOURCE_ROOT) -> tuple[str, ...]:
+    """The first-party packages whose code a stage runs: its package, every first-party package that one
+    imports (transitively), and `afm`. An unknown stage gets every package (over-invalidating is safe)."""
+    first_party = {p.name for p in root.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"}
+    start = STAGE_PACKAGES.get(stage)
+    todo = [start] if start in first_party else sorted(first_party)
+    seen = {CORE_PACKAGE} & first_party
+    while todo:
+        package = todo.pop()
+        if package in seen:
+            continue
+        seen.add(package)
+        for path in _package_files(root, package):
+            todo += [name for name in _IMPORT_RE.findall(path.read_text()) if name in first_party]
+    return tuple(sorted(seen))
+
+
+@functools.lru_cache(maxsize=None)
+def code_digest(packages: tuple[str, ...], root: Path = SOURCE_ROOT) -> str:
+    """sha256 over the relative path and content of every .py file of `packages`; once per process (cached):
+    the code a process runs does not change under it."""
+    digest = hashlib.sha256()
+    for package in packages:
+        for path in _package_files(root, package):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def stage_key(stage: str, config: BaseModel, inputs: dict[str, Any] | None = None) -> str:
-    """16 hex chars of sha256 over the stage name, its config and its inputs' identities (shas, URIs)."""
+    """16 hex chars of sha256 over the stage name, its config, its inputs' identities (shas, URIs) and the
+    digest of the code that runs it."""
     payload = json.dumps(
-        {"stage": stage, "config": config.model_dump(mode="json"), "inputs": inputs or {}}, sort_keys=True
+        {"stage": stage, "config": config.model_dump(mode="json"), "inputs": inputs or {},
+         "code": code_digest(code_packages(stage, SOURCE_ROOT), SOURCE_ROOT)},
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
