@@ -153,16 +153,29 @@ def deploy(work_pool: str = typer.Option("afm-process", help="Prefect process wo
 @app.command()
 def serve(
     model: str = typer.Argument(..., help="Model path, s3:// URI or MLflow URI (models:/afm@champion)."),
-    port: int = typer.Option(8000, help="HTTP port on 127.0.0.1."),
+    port: int = typer.Option(8000, help="HTTP port on 127.0.0.1; in use -> exit 1."),
+    tools: Optional[str] = typer.Option(
+        None, help="Tools of /v1/agent, comma-separated (web_search,crawl_page,code). Default: the toolbox "
+                   "recorded with the model (RL records it), else code only."),
+    corpus: Optional[Path] = typer.Option(
+        None, help="Search corpus JSONL for web_search/crawl_page (a distill dataset's corpus.jsonl). Default: "
+                   "the corpus recorded with the model."),
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
-    """Serve MODEL with Ray Serve: /v1/chat/completions, /v1/models, /v1/agent."""
-    from serving.app import ServeConfig, run_server
+    """Serve MODEL with Ray Serve until Ctrl-C / SIGTERM: /v1/chat/completions, /v1/models, /v1/agent."""
+    from serving.app import PortInUseError, ServeConfig, run_server
 
-    cfg = _load(ServeConfig, config, (set_ or []) + [f"model={model}", f"port={port}"])
-    _preflight(paths={"model": cfg.model})
-    run_server(cfg)
+    overrides = (set_ or []) + [f"model={model}", f"port={port}"]
+    overrides += [f"toolbox.tools={json.dumps(tools.split(','))}"] if tools else []
+    overrides += [f"corpus_path={corpus}"] if corpus else []
+    cfg = _load(ServeConfig, config, overrides)
+    _preflight(paths={"model": cfg.model, "corpus": str(cfg.corpus_path or "")})
+    try:
+        run_server(cfg)  # checks the port first, before Ray starts
+    except PortInUseError as exc:
+        typer.echo(f"afm serve: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

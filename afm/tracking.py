@@ -13,6 +13,11 @@ Where runs go: `MLFLOW_TRACKING_URI` when set (e.g. the `afm stack up` server, w
 otherwise a local SQLite store `<AFM_HOME>/mlflow.db` with artifacts in `<AFM_HOME>/mlartifacts`
 (`AFM_HOME` defaults to `./.afm`). The first use of a fresh SQLite store runs MLflow's migrations (~2 s).
 
+Tools: when the run that registers a model was started with a `toolbox` section in its params (RL does), the
+toolbox config is recorded inside the registered artifact as `model/afm_tools/toolbox.json`, with the search
+corpus it pointed at as `model/afm_tools/corpus.jsonl`: `afm serve` gives /v1/agent the tools and corpus the
+model was trained with (serving/service.py), wherever the run's temporary corpus file has gone since.
+
 Secrets: params and tags whose KEY names a secret (api_key, token, secret, password, ...) or whose VALUE
 looks like one (known key formats, credentials in a URL, or the value of any secret-named environment
 variable) are logged as "<redacted>". This does NOT cover secrets in metrics, artifacts, figures or table
@@ -58,6 +63,11 @@ SECRET_VALUE_PATTERNS = [
 # Environment values shorter than this are too likely to occur by chance in ordinary params.
 _MIN_ENV_SECRET_LENGTH = 8
 REGISTRY_EXPERIMENT = "model-registry"
+# Inside a registered model's directory: the tool environment it was trained with (see the module docstring).
+TOOLS_DIR = "afm_tools"
+# Raw params of the runs this process started, by run id: MLflow keeps params only as flattened, truncated
+# strings, and register_model needs the run's toolbox config as it was.
+_RUN_PARAMS: dict[str, dict[str, Any]] = {}
 
 
 def configure_tracking() -> str:
@@ -140,7 +150,11 @@ def start_run(
     nested = mlflow.active_run() is not None
     with mlflow.start_run(run_name=run_name, tags=sanitize_params(tags or {}), nested=nested) as run:
         mlflow.log_params(sanitize_params(params))
-        yield run
+        _RUN_PARAMS[run.info.run_id] = params
+        try:
+            yield run
+        finally:
+            _RUN_PARAMS.pop(run.info.run_id, None)
 
 
 def log_metrics(metrics: dict[str, Any], step: int) -> None:
@@ -185,6 +199,7 @@ def register_model(model_dir: Path, name: str, tags: dict[str, Any]) -> str:
             return register_model(model_dir, name, tags)
     mlflow.log_artifacts(str(model_dir), artifact_path="model")
     run = mlflow.active_run()
+    _log_tools(_RUN_PARAMS.get(run.info.run_id, {}).get("toolbox"))
     client = MlflowClient()
     # mlflow.register_model("runs:/...") in MLflow 3 wants an MLmodel file or a LoggedModel; a plain HF
     # directory is registered by pointing a model version straight at the run's artifact location.
@@ -198,6 +213,21 @@ def register_model(model_dir: Path, name: str, tags: dict[str, Any]) -> str:
         name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=sanitize_params(tags)
     )
     return str(version.version)
+
+
+def _log_tools(toolbox: Any) -> None:
+    """Record a run's toolbox config (and the corpus file it names) next to the model it registers."""
+    if not isinstance(toolbox, dict):
+        return
+    record = {**toolbox, "cache_dir": None}  # a cache directory is a path on the training machine
+    corpus = Path(toolbox["corpus_path"]) if toolbox.get("corpus_path") else None
+    if corpus is not None and corpus.is_file():
+        mlflow.log_artifact(str(corpus), artifact_path=f"model/{TOOLS_DIR}")
+        record["corpus_path"] = corpus.name
+    else:
+        record["corpus_path"] = None
+    record = {key: REDACTED if looks_like_secret(key, value) else value for key, value in record.items()}
+    mlflow.log_dict(record, f"model/{TOOLS_DIR}/toolbox.json")
 
 
 def set_alias(name: str, alias: str, version: str | int) -> None:

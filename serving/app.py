@@ -1,125 +1,102 @@
-"""Serve a trained agent with Ray Serve: OpenAI-compatible `/v1/chat/completions` and `/v1/models`, plus
-`/v1/agent`, which runs the whole Chain-of-Agents loop with the tools and returns the answer and trajectory.
+"""Serve a trained agent with Ray Serve, OpenAI-compatible: `/v1/models`, `/v1/chat/completions` (whole or
+streamed as server-sent events), and `/v1/agent`, which runs the whole Chain-of-Agents loop with tools and
+returns the answer and trajectory (or streams each turn's segments as they are produced).
 
     afm serve models:/afm-rl@champion --port 8000            # or a policy directory / s3:// artifact
-    python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none'); \
+    python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none'); \\
                print(c.chat.completions.create(model='afm', messages=[{'role': 'user', 'content': 'hi'}]))"
 
-On CPU the model runs in-process with the transformers engine (models/engines/hf.py). On GPU machines serve
-with vLLM's own OpenAI server (or `ray.serve.llm`) for chat and keep this app for `/v1/agent`.
+    handle = run_server(ServeConfig(model=..., port=8000), blocking=False)   # tests: then handle.stop()
+
+Every error is OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 for a request that does not
+validate (FastAPI's 422 included), 404 for an unknown model or route, 500 without a traceback (logged here).
+The driver (this process, so the CLI's MLFLOW_TRACKING_URI and AFM_HOME) resolves models:/, runs:/ and s3://
+URIs to a local copy before deploying; the replica gets that path, plus the tracking variables in its
+runtime_env. On a multi-node cluster give a path every node sees. Stopping shuts Serve down (the HTTP proxy
+too, so the port is free) and removes the copy. A port already in use is an error before anything starts.
+
+On CPU the model runs in the replica with transformers (serving/service.py). On GPU machines serve chat with
+vLLM's own OpenAI server (or `ray.serve.llm`) and keep this app for `/v1/agent`.
 Binds 127.0.0.1 unless `host` says otherwise. No authentication: put it behind a gateway before exposing it.
 """
+# No `from __future__ import annotations` here: Ray Serve's ingress wraps the route methods, and FastAPI then
+# cannot resolve string annotations (a ChatRequest body would become a required query parameter).
+import logging
+import os
+import shutil
+import signal
+import socket
 import tempfile
 import time
-import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
+import ray
+import requests
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from afm.config import Config
 from afm.tracking import resolve_model_uri
-from agents.tools.toolbox import ToolboxConfig, build_toolbox
-from models.engines.hf import HFEngine
-from models.format import render_segments
-from models.policy import load_policy
-from problems.records import Problem
-from training.rl_rollout import RolloutConfig, run_rollouts
+from serving.openai_schema import AgentRequest, ChatRequest, OpenAIError, error_body, sse, validation_error
+from serving.service import AgentService, ServeConfig
 
-
-class ServeConfig(Config):
-    model: str = Field(..., description="Policy: directory, s3:// artifact or MLflow URI (models:/afm-rl@champion).")
-    model_name: str = Field("afm", description="Name reported by /v1/models and accepted in requests.")
-    host: str = Field("127.0.0.1", description="Bind address (loopback by default).")
-    port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
-    max_new_tokens: int = Field(256, ge=1, description="Default completion length for /v1/chat/completions.")
-    agent: RolloutConfig = Field(default_factory=lambda: RolloutConfig(group_size=1, temperature=0.0),
-                                 description="CoA loop of /v1/agent (turns, budgets, sampling).")
-    toolbox: ToolboxConfig = Field(default_factory=lambda: ToolboxConfig(tools=["code"]),
-                                   description="Tools /v1/agent may call (web tools need corpus_path / endpoints).")
-
-
-class ChatMessage(BaseModel):
-    role: str
-    content: str
-
-
-class ChatRequest(BaseModel):
-    model: str = "afm"
-    messages: list[ChatMessage]
-    max_tokens: int | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: list[str] | str | None = None
-    seed: int | None = None
-
-
-class AgentRequest(BaseModel):
-    question: str
-    temperature: float | None = None
-
-
-def resolve_policy(uri: str, cache_dir: Path) -> str:
-    """What `load_policy` takes: MLflow URIs are downloaded to `cache_dir`; paths and s3:// pass through."""
-    if uri.startswith(("models:/", "runs:/")):
-        return str(resolve_model_uri(uri, cache_dir))
-    return uri
-
-
-class AgentService:
-    """Model + engine + tools; the Ray Serve deployment below only translates HTTP requests to these calls."""
-
-    def __init__(self, cfg: ServeConfig):
-        self.cfg = cfg
-        self.cache = tempfile.mkdtemp(prefix="afm-serve-")
-        model, self.tokenizer = load_policy(resolve_policy(cfg.model, Path(self.cache)))
-        model.eval()
-        self.engine = HFEngine(model, self.tokenizer)
-        self.toolbox = build_toolbox(cfg.toolbox)
-
-    def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "owned_by": "afm"}]}
-
-    def chat(self, req: ChatRequest) -> dict:
-        if req.model != self.cfg.model_name:
-            raise HTTPException(404, f"model {req.model!r} not served; available: {self.cfg.model_name!r}")
-        messages = [m.model_dump() for m in req.messages]
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        gen = self.engine.generate([list(prompt)], max_new_tokens=req.max_tokens or self.cfg.max_new_tokens,
-                                   temperature=req.temperature, top_p=req.top_p, stop=stop, seed=req.seed)[0]
-        text = gen.text
-        eos = self.tokenizer.eos_token
-        if eos and text.endswith(eos):
-            text = text[: -len(eos)]
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.cfg.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "length" if gen.finish_reason == "length" else "stop"}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
-                      "total_tokens": len(prompt) + len(gen.token_ids)},
-        }
-
-    def agent(self, req: AgentRequest) -> dict:
-        cfg = self.cfg.agent
-        if req.temperature is not None:
-            cfg = cfg.model_copy(update={"temperature": req.temperature})
-        problem = Problem(id=uuid.uuid4().hex[:12], question=req.question, answers=[], family="user")
-        ep = run_rollouts(self.engine, self.tokenizer, self.toolbox, [problem], cfg, seed=0)[0]
-        answer = ep.segments[-1].text if ep.segments and ep.segments[-1].tag == "answer" else None
-        return {
-            "answer": answer, "status": ep.status, "turns": ep.turns,
-            "tool_calls": [{"tag": c.tag, "argument": c.argument, "status": c.status} for c in ep.tool_calls],
-            "trajectory": [{"tag": s.tag, "text": s.text} for s in ep.segments],
-            "text": render_segments(ep.segments) if ep.parse_ok else "".join(ep.pieces),
-            "usage": {"completion_tokens": sum(ep.loss_mask), "total_tokens": len(ep.response_ids)},
-        }
-
+log = logging.getLogger(__name__)
+APP_NAME = "afm"
+# What the replica must see as the CLI does (the stack's Ray was started without them).
+FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "AFM_HOME", "AFM_STORE_URI", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+INTERNAL_ERROR = "The server had an error while processing your request."
 
 api = FastAPI(title="afm-platform agent server")
+
+
+@api.exception_handler(OpenAIError)
+async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    error = validation_error(exc)
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = f"Invalid URL ({request.method} {request.url.path})" if exc.status_code in (404, 405) else str(exc.detail)
+    return JSONResponse(error_body(message), status_code=exc.status_code)
+
+
+@api.middleware("http")
+async def _internal_error(request: Request, call_next):
+    # A middleware, not an Exception handler: Starlette re-raises after such a handler, and the body must not
+    # carry the traceback either way.
+    try:
+        return await call_next(request)
+    except Exception:  # noqa: BLE001 - every unexpected failure becomes a 500 in OpenAI's schema
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body(INTERNAL_ERROR, "server_error"), status_code=500)
+
+
+def event_stream(events: Iterable[dict]) -> StreamingResponse:
+    """SSE: one `data:` line per event, then `data: [DONE]`; a failure mid-stream (the status is already 200)
+    is sent as an error event, which the openai client raises as an APIError."""
+
+    def body() -> Iterator[bytes]:
+        try:
+            for event in events:
+                yield sse(event)
+        except Exception:  # noqa: BLE001
+            log.exception("internal error while streaming")
+            yield sse(error_body(INTERNAL_ERROR, "server_error"))
+            return
+        yield sse("[DONE]")
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 @serve.deployment(name="afm-agent", num_replicas=1, ray_actor_options={"num_cpus": 1})
@@ -130,25 +107,138 @@ class AgentDeployment:
     def __init__(self, cfg_json: str):
         self.service = AgentService(ServeConfig.model_validate_json(cfg_json))
 
+    def __del__(self):
+        self.service.close()
+
     @api.get("/v1/models")
     def list_models(self):
         return self.service.models()
 
     @api.post("/v1/chat/completions")
     def chat_completions(self, req: ChatRequest):
+        if req.stream:
+            return event_stream(self.service.chat_chunks(req))
         return self.service.chat(req)
 
     @api.post("/v1/agent")
     def agent(self, req: AgentRequest):
+        if req.stream:
+            return event_stream(self.service.agent_events(req))
         return self.service.agent(req)
 
 
-def run_server(cfg: ServeConfig, blocking: bool = True):
-    """Start Ray Serve on cfg.host:cfg.port with one replica of the agent service; returns the app handle."""
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    handle = serve.run(AgentDeployment.bind(cfg.model_dump_json()), name="afm", route_prefix="/", blocking=False)
-    print(f"serving {cfg.model} as {cfg.model_name!r} at http://{cfg.host}:{cfg.port}/v1", flush=True)
-    if blocking:
+class PortInUseError(RuntimeError):
+    """The requested port already has a listener: serving there would silently be someone else's server."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise PortInUseError when something listens on host:port (SO_REUSEADDR, as the HTTP server binds, so a
+    closed connection in TIME_WAIT does not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(f"port {port} on {host} is already in use ({exc.strerror}); stop what listens "
+                                 f"there or pass another --port") from exc
+
+
+def prepare_model(uri: str) -> tuple[Path, Path | None]:
+    """(local model directory, temporary copy to delete at stop or None): registry and S3 URIs are downloaded
+    here, in the driver, through the same tracking URI and store as the CLI."""
+    if uri.startswith(("models:/", "runs:/", "s3://")):
+        cache = Path(tempfile.mkdtemp(prefix="afm-serve-"))
+        try:
+            return resolve_model_uri(uri, cache), cache
+        except BaseException:
+            shutil.rmtree(cache, ignore_errors=True)
+            raise
+    return resolve_model_uri(uri, Path()), None
+
+
+@dataclass
+class ServerHandle:
+    """A running server; `stop()` shuts Serve and its HTTP proxy down, waits for the port, removes the copy."""
+
+    url: str
+    host: str
+    port: int
+    cache: Path | None
+    own_ray: bool
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        try:
+            if ray.is_initialized():  # serve.shutdown() would otherwise start a Ray to connect to
+                serve.shutdown()
+            if self.own_ray:
+                ray.shutdown()
+        finally:
+            if self.cache is not None:
+                shutil.rmtree(self.cache, ignore_errors=True)
+        if timeout_s <= 0:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                check_port_free(self.host, self.port)
+                return
+            except PortInUseError:
+                time.sleep(0.2)
+        raise PortInUseError(f"port {self.port} still in use {timeout_s:.0f} s after Serve shut down")
+
+
+def wait_ready(url: str, model_name: str, timeout_s: float) -> None:
+    """Until GET /v1/models lists `model_name`: serve.run returning does not prove the proxy listens on OUR port
+    (a Serve instance already running in a connected cluster keeps its own HTTP options)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            reply = requests.get(f"{url}/models", timeout=5)
+            if reply.ok and any(m.get("id") == model_name for m in reply.json().get("data", [])):
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"nothing answers at {url} {timeout_s:.0f} s after deploying; is another Ray Serve "
+                       f"instance running in this Ray cluster (`serve status`)?")
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def run_server(cfg: ServeConfig, blocking: bool = True, ready_timeout_s: float = 120.0) -> ServerHandle:
+    """Start Ray Serve on cfg.host:cfg.port with one replica of the agent service. Blocking: serve until
+    SIGINT/SIGTERM, then stop. Otherwise return the handle (the caller stops it)."""
+    check_port_free(cfg.host, cfg.port)
+    model_dir, cache = prepare_model(cfg.model)
+    own_ray = not ray.is_initialized()
+    try:
+        if own_ray:
+            # RAY_ADDRESS (the stack's Ray) when set, else a local Ray that goes away with this process.
+            ray.init(include_dashboard=False, log_to_driver=False)
+        serve.start(http_options={"host": cfg.host, "port": cfg.port})
+        env = {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name)}
+        deployment = AgentDeployment.options(ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": env}})
+        local_cfg = cfg.model_copy(update={"model": str(model_dir)})
+        serve.run(deployment.bind(local_cfg.model_dump_json()), name=APP_NAME, route_prefix="/", blocking=False)
+        url = f"http://{cfg.host}:{cfg.port}/v1"
+        handle = ServerHandle(url, cfg.host, cfg.port, cache, own_ray)
+        wait_ready(url, cfg.model_name, ready_timeout_s)
+    except BaseException:
+        ServerHandle("", cfg.host, cfg.port, cache, own_ray).stop(timeout_s=0)
+        raise
+    if not blocking:
+        return handle
+    print(f"serving {cfg.model} as {cfg.model_name!r} at {url} (Ctrl-C to stop)", flush=True)
+    # SIGTERM (kill, a supervisor) must stop Serve as Ctrl-C does, not leave the proxy answering on the port.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
         while True:
             time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()
+        print(f"stopped; port {cfg.port} is free", flush=True)
     return handle
