@@ -144,10 +144,10 @@ def stack_down() -> None:
 @app.command()
 def deploy(work_pool: str = typer.Option("afm-process", help="Prefect process work pool to create/use.")) -> None:
     """Register every flow as a Prefect deployment (and `nightly-retrain` on its cron) on the running server."""
-    from flows.deployments import register_deployments
+    from flows.deployments import deployment_summary, register_deployments
 
     _preflight()
-    _print_json(register_deployments(work_pool))
+    typer.echo(deployment_summary(register_deployments(work_pool), work_pool, os.environ.get("PREFECT_API_URL", "")))
 
 
 @app.command()

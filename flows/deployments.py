@@ -10,9 +10,16 @@ cluster, point `source` at the repo/image the workers have. Each deployment's pa
 pydantic config (the UI renders it as a form) and its default parameters come from the recipe
 (configs/default.yaml): the whole recipe for `pipeline`/`nightly-retrain`, the stage's section for the others.
 `prefect.yaml` declares the same deployments for `prefect deploy --all`. See docs/operations.md.
+
+Output: Prefect's `deploy` prints a "Successfully created/updated" banner and a table per deployment (six of
+each); that is captured (and shown on stderr only if registration fails), and `afm deploy` prints one summary
+(`deployment_summary`).
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,18 +97,47 @@ def register_deployments(work_pool: str, recipe: Path = DEFAULT_RECIPE) -> dict[
     """
     run_coro_as_sync(ensure_work_pool(work_pool))
     recipe_data = read_yaml(recipe)
-    ids = {}
-    for spec in DEPLOYMENTS:
-        # Module-path entrypoints, not `flows/distill.py:distill_flow`: Prefect loads a file path as a script with
-        # flows/ first on sys.path, where flows/distill.py shadows the `distill` package; the import fails and
-        # Prefect silently falls back to an AST-parsed placeholder whose parameter schema is untyped (no form).
-        # Loading imports the module, so a flow that does not import fails here, not in the worker.
-        loaded = flow.from_source(source=str(REPO_ROOT), entrypoint=spec.entrypoint)
-        schedules = [CronSchedule(cron=spec.cron, timezone=NIGHTLY_TIMEZONE)] if spec.cron else None
-        ids[spec.name] = str(loaded.deploy(
-            name=spec.name, work_pool_name=work_pool, schedules=schedules,
-            parameters=deployment_parameters(spec, recipe_data), description=spec.description,
-            tags=["afm"] + (["scheduled"] if spec.cron else []), print_next_steps=False,
-            ignore_warnings=True,  # the "use .serve for local development" hint; a worker is what we want
-        ))
-    return ids
+    with _prefect_output_only_on_failure():
+        return {spec.name: _deploy(spec, work_pool, recipe_data) for spec in DEPLOYMENTS}
+
+
+@contextlib.contextmanager
+def _prefect_output_only_on_failure():
+    """Swallow what Prefect prints on stdout (its console resolves sys.stdout when it prints); on an error,
+    replay it on stderr, since it may say what went wrong."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    except BaseException:
+        sys.stderr.write(captured.getvalue())
+        raise
+
+
+def _deploy(spec: DeploymentSpec, work_pool: str, recipe_data: dict) -> str:
+    # Module-path entrypoints, not `flows/distill.py:distill_flow`: Prefect loads a file path as a script with
+    # flows/ first on sys.path, where flows/distill.py shadows the `distill` package; the import fails and
+    # Prefect silently falls back to an AST-parsed placeholder whose parameter schema is untyped (no form).
+    # Loading imports the module, so a flow that does not import fails here, not in the worker.
+    loaded = flow.from_source(source=str(REPO_ROOT), entrypoint=spec.entrypoint)
+    schedules = [CronSchedule(cron=spec.cron, timezone=NIGHTLY_TIMEZONE)] if spec.cron else None
+    return str(loaded.deploy(
+        name=spec.name, work_pool_name=work_pool, schedules=schedules,
+        parameters=deployment_parameters(spec, recipe_data), description=spec.description,
+        tags=["afm"] + (["scheduled"] if spec.cron else []), print_next_steps=False,
+        ignore_warnings=True,  # the "use .serve for local development" hint; a worker is what we want
+    ))
+
+
+def deployment_summary(ids: dict[str, str], work_pool: str, api_url: str) -> str:
+    """What `afm deploy` prints: one line per deployment (name, id, schedule) and how to start a worker."""
+    specs = {spec.name: spec for spec in DEPLOYMENTS}
+    width = max(len(f"{name}/{name}") for name in ids)
+    lines = [f"{len(ids)} deployments on {api_url or 'the Prefect API'}, work pool {work_pool!r}:"]
+    for name, deployment_id in ids.items():
+        cron = specs[name].cron
+        schedule = f"  cron '{cron}' {NIGHTLY_TIMEZONE}" if cron else ""
+        lines.append(f"  {f'{name}/{name}':<{width}}  {deployment_id}{schedule}")
+    lines.append(f"Next: prefect worker start --pool {work_pool}   (then run them from the UI or "
+                 f"`prefect deployment run 'distill/distill'`)")
+    return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Prefect deployments: prefect.yaml and flows/deployments.py declare the same six deployments, every entrypoint
 loads a flow whose parameter schema is its pydantic config (so the UI shows a form), the nightly cron fires at
 02:00 UTC, the pull step's `{{ $AFM_REPO_DIR }}` resolves, and (integration) `register_deployments` creates the
-work pool and deployments on a real temporary Prefect server, read back through the API.
+work pool and deployments on a real temporary Prefect server, read back through the API, printing nothing
+(`afm deploy` prints one summary instead of Prefect's six banners and tables).
 
     .venv/bin/pytest tests/ops -q                       # unit tests, seconds
     .venv/bin/pytest tests/ops -q -m integration        # + a temporary Prefect server (~40 s on 2 cores)
@@ -23,7 +24,8 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 
 from afm.config import read_yaml
-from flows.deployments import DEFAULT_RECIPE, DEPLOYMENTS, NIGHTLY_CRON, REPO_ROOT, deployment_parameters
+from flows.deployments import DEFAULT_RECIPE, DEPLOYMENTS, NIGHTLY_CRON, REPO_ROOT, deployment_parameters, \
+    deployment_summary
 from flows.distill import DistillFlowConfig
 from flows.evaluate import EvalFlowConfig
 from flows.pipeline import PipelineConfig
@@ -119,7 +121,7 @@ def test_pull_step_sets_working_directory_from_env(prefect_yaml, tmp_path, monke
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_register_deployments_on_a_real_server():
+def test_register_deployments_on_a_real_server(capfd):
     from prefect.client.orchestration import get_client
     from prefect.testing.utilities import prefect_test_harness
 
@@ -132,7 +134,9 @@ def test_register_deployments_on_a_real_server():
             return pool, deployments
 
     with prefect_test_harness(server_startup_timeout=90):
+        capfd.readouterr()
         first = register_deployments("afm-ops-test")
+        assert capfd.readouterr().out == ""  # Prefect's per-deployment banners and tables are swallowed
         again = register_deployments("afm-ops-test")  # idempotent: updates in place
         pool, deployments = asyncio.run(read_back())
 
@@ -151,3 +155,12 @@ def test_register_deployments_on_a_real_server():
         assert_schema_is_config(deployment.parameter_openapi_schema, CONFIG_OF[spec.name])
         crons = [(s.schedule.cron, s.schedule.timezone, s.active) for s in deployment.schedules]
         assert crons == ([(NIGHTLY_CRON, "UTC", True)] if spec.cron else [])
+
+
+def test_deploy_summary_is_one_line_per_deployment():
+    ids = {spec.name: f"id-{spec.name}" for spec in DEPLOYMENTS}
+    lines = deployment_summary(ids, "afm-process", "http://127.0.0.1:4200/api").splitlines()
+    assert lines[0] == "6 deployments on http://127.0.0.1:4200/api, work pool 'afm-process':"
+    assert len(lines) == len(DEPLOYMENTS) + 2 and lines[-1].startswith("Next: prefect worker start --pool afm-process")
+    nightly = next(line for line in lines if "nightly-retrain/nightly-retrain" in line)
+    assert "id-nightly-retrain" in nightly and f"cron '{NIGHTLY_CRON}' UTC" in nightly

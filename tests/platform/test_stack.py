@@ -1,5 +1,6 @@
 """The local stack end to end: up on free ports, a Prefect flow whose MLflow run logs an artifact that lands
-in the S3 bucket, a Ray task on the head, status, down (idempotent), and no recorded process left."""
+in the S3 bucket, a Ray task on the head, status, down (idempotent, in seconds and without SIGKILL even with a
+Ray driver still attached), and no recorded process left."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -46,6 +48,23 @@ FLOW_SCRIPT = textwrap.dedent('''
 
     if __name__ == "__main__":
         print("RUN_ID=" + smoke_flow())
+''')
+
+# A driver that stays attached to the stack's Ray with a live actor (a notebook, a Prefect worker's flow).
+ATTACHED_DRIVER = textwrap.dedent('''
+    import time
+
+    import ray
+
+    @ray.remote
+    class Pinger:
+        def ping(self):
+            return "up"
+
+    ray.init()
+    actor = Pinger.remote()
+    print(ray.get(actor.ping.remote()), flush=True)
+    time.sleep(600)
 ''')
 
 
@@ -104,8 +123,19 @@ def test_stack_up_flow_down(stack_cfg):
     flow_runs = json.loads(urllib.request.urlopen(request, timeout=10).read())
     assert [run["state_type"] for run in flow_runs] == ["COMPLETED"]
 
-    stopped = stack_down(stack_cfg)
-    assert set(stopped) == {"s3", "mlflow", "prefect", "ray"}
+    driver = subprocess.Popen([sys.executable, "-c", ATTACHED_DRIVER], env={**client_env, **env},
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "up"
+        started = time.monotonic()
+        stopped = stack_down(stack_cfg)
+        down_s = time.monotonic() - started
+    finally:
+        driver.kill()
+        driver.wait()
+    # Before RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 the head waited for the driver's lease, then got SIGKILL.
+    assert stopped == {"s3": "stopped", "mlflow": "stopped", "prefect": "stopped", "ray": "stopped"}
+    assert down_s < stack_cfg.stop_timeout_s / 2, down_s
     assert all(group_members(record["pid"]) == [] for record in records.values())
     assert not (stack_cfg.state_dir / "pids.json").exists()
     assert stack_down(stack_cfg) == {}
