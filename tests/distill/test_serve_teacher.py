@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from agents.teacher.mas import TeacherConfig, run_mas
 from distill.rollout_work import build_llm_backend
 from models.policy import save_policy
 from tests.conftest import free_port
-from tests.models.openai_server import tiny_teacher_engine
+from tests.models.openai_server import tiny_teacher_engine, wait_for_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STARTUP_S = 240  # a local Ray + Serve start: ~30 s on 2 idle cores, much more under load
@@ -35,16 +33,8 @@ def afm_serve(tmp_path_factory):
         proc = subprocess.Popen([str(Path(sys.executable).parent / "afm"), "serve", str(policy), "--port", str(port),
                                  "--set", "model_name=teacher"], stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + STARTUP_S
         try:
-            while True:
-                try:
-                    urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"afm serve did not come up; see {log_path}") from None
-                    time.sleep(2)
+            wait_for_server(url, proc, log_path, STARTUP_S)
             yield url
         finally:
             proc.terminate()  # afm serve shuts Ray Serve down on SIGTERM

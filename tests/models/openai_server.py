@@ -288,6 +288,19 @@ def serve_openai(engine: HFEngine, tokenizer, model_name: str, api_key: str, bat
         batcher.close()
 
 
+def wait_for_server(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    """Poll `url`/models until it answers; raise, naming the server's log, if `proc` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=2).read()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not come up; see {log_path}") from None
+            time.sleep(2)
+
+
 @contextmanager
 def serve_vllm(model_dir: Path, model_name: str, max_model_len: int = 8192) -> Iterator[str]:
     """`vllm serve model_dir` (OpenAI API, prefix caching, fp32, eager, VLLM_BLOCK_SIZE) on a free 127.0.0.1 port, from
@@ -301,16 +314,8 @@ def serve_vllm(model_dir: Path, model_name: str, max_model_len: int = 8192) -> I
          "--block-size", str(VLLM_BLOCK_SIZE)],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + VLLM_STARTUP_S
     try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"vllm serve did not come up; see {model_dir / 'vllm.log'}") from None
-                time.sleep(2)
+        wait_for_server(url, proc, model_dir / "vllm.log", VLLM_STARTUP_S)
         yield url
     finally:
         proc.terminate()
