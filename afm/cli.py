@@ -164,7 +164,7 @@ def serve(
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Serve MODEL with Ray Serve until Ctrl-C / SIGTERM: /v1/chat/completions, /v1/models, /v1/agent."""
-    from serving.app import PortInUseError, ServeConfig, run_server
+    from serving.app import ServeConfig, ServeError, run_server
 
     overrides = (set_ or []) + [f"model={model}", f"port={port}"]
     overrides += [f"toolbox.tools={json.dumps(tools.split(','))}"] if tools else []
@@ -172,8 +172,8 @@ def serve(
     cfg = _load(ServeConfig, config, overrides)
     _preflight(paths={"model": cfg.model, "corpus": str(cfg.corpus_path or "")})
     try:
-        run_server(cfg)  # checks the port first, before Ray starts
-    except PortInUseError as exc:
+        run_server(cfg)  # checks the port and the tools first, before Ray starts
+    except ServeError as exc:
         typer.echo(f"afm serve: {exc}", err=True)
         raise typer.Exit(1) from None
 

@@ -42,13 +42,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from afm.tracking import resolve_model_uri
 from serving.openai_schema import AgentRequest, ChatRequest, OpenAIError, error_body, sse, validation_error
-from serving.service import AgentService, ServeConfig
+from serving.service import AgentService, ServeConfig, ServeError, check_tools, serving_tools
 
 log = logging.getLogger(__name__)
 APP_NAME = "afm"
-# What the replica must see as the CLI does (the stack's Ray was started without them).
-FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "AFM_HOME", "AFM_STORE_URI", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
-                 "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+# What the replica must see as the CLI does (the stack's Ray was started without them). No credentials: a
+# runtime_env is stored in Ray's GCS and listed by `ray list actors --detail`.
+FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "AFM_HOME", "AFM_STORE_URI", "AWS_ENDPOINT_URL")
 INTERNAL_ERROR = "The server had an error while processing your request."
 
 api = FastAPI(title="afm-platform agent server")
@@ -127,7 +127,7 @@ class AgentDeployment:
         return self.service.agent(req)
 
 
-class PortInUseError(RuntimeError):
+class PortInUseError(ServeError):
     """The requested port already has a listener: serving there would silently be someone else's server."""
 
 
@@ -214,6 +214,8 @@ def run_server(cfg: ServeConfig, blocking: bool = True, ready_timeout_s: float =
     model_dir, cache = prepare_model(cfg.model)
     own_ray = not ray.is_initialized()
     try:
+        toolbox, corpus, tools_source = serving_tools(cfg, model_dir)
+        check_tools(toolbox, corpus)
         if own_ray:
             # RAY_ADDRESS (the stack's Ray) when set, else a local Ray that goes away with this process.
             ray.init(include_dashboard=False, log_to_driver=False)
@@ -230,7 +232,8 @@ def run_server(cfg: ServeConfig, blocking: bool = True, ready_timeout_s: float =
         raise
     if not blocking:
         return handle
-    print(f"serving {cfg.model} as {cfg.model_name!r} at {url} (Ctrl-C to stop)", flush=True)
+    print(f"serving {cfg.model} as {cfg.model_name!r} at {url} (Ctrl-C to stop); /v1/agent tools: "
+          f"{', '.join(toolbox.tools)}, {tools_source}", flush=True)
     # SIGTERM (kill, a supervisor) must stop Serve as Ctrl-C does, not leave the proxy answering on the port.
     signal.signal(signal.SIGTERM, _interrupt)
     try:

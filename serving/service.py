@@ -78,6 +78,19 @@ def serving_tools(cfg: ServeConfig, model_dir: Path) -> tuple[ToolboxConfig, Pat
     return ToolboxConfig(tools=["code"]), corpus, "default (code only; no toolbox recorded with the model)"
 
 
+class ServeError(RuntimeError):
+    """A serving setup that cannot work (`afm serve` prints the message and exits 1)."""
+
+
+def check_tools(toolbox: ToolboxConfig, corpus: Path | None) -> None:
+    """Fail in the driver, with the fix in the message, rather than in the replica with a traceback."""
+    needs_corpus = "wiki_search" in toolbox.tools or (
+        "web_search" in toolbox.tools and toolbox.web_search_backend == "local")
+    if needs_corpus and corpus is None:
+        raise ServeError(f"/v1/agent tools {toolbox.tools} search a local corpus, and none is recorded with the "
+                         f"model: pass --corpus <distill dataset>/corpus.jsonl (or --tools code)")
+
+
 @dataclass
 class Completion:
     """Filled in while `stream_text` runs: why it ended and how many tokens it generated."""

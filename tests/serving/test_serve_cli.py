@@ -1,5 +1,5 @@
-"""`afm serve` as a user runs it, in a subprocess: a port in use is exit 1 with a clear message (before Ray
-starts); serve a registered model, stream a chat through the official `openai` client, SIGTERM, and the
+"""`afm serve` as a user runs it, in a subprocess: a port in use, or search tools without a corpus, is exit 1
+with a clear message (before Ray starts); serve a registered model, stream a chat through the official `openai` client, SIGTERM, and the
 process exits 0, the port is free and no `afm-serve-*` model copy is left in the temp dir.
 
     .venv/bin/pytest tests/serving/test_serve_cli.py -q      # ~1 min on 2 cores (one Ray start-up)
@@ -65,6 +65,15 @@ def test_port_in_use_is_exit_1(registered):
     assert time.monotonic() - started < 60
 
 
+def test_search_tools_without_a_corpus_is_exit_1(registered):
+    model, env = registered
+    done = subprocess.run([AFM, "serve", model, "--port", str(free_port()), "--tools", "web_search,code"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "none is recorded with the model: pass --corpus" in done.stderr
+    assert "Traceback" not in done.stderr and not list(Path(env["TMPDIR"]).glob("afm-serve-*"))
+
+
 def test_serve_stream_then_sigterm_frees_the_port(registered):
     from openai import OpenAI
 
@@ -79,6 +88,7 @@ def test_serve_stream_then_sigterm_frees_the_port(registered):
             if line.startswith("serving "):
                 break
         assert f"at http://127.0.0.1:{port}/v1" in lines[-1], "".join(lines)[-3000:]
+        assert "/v1/agent tools: code, default" in lines[-1]  # an SFT model: no toolbox recorded
         assert list(Path(env["TMPDIR"]).glob("afm-serve-*")), "the models:/ URI is downloaded by the driver"
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         chunks = list(client.chat.completions.create(model="afm", messages=[{"role": "user", "content": "2+3?"}],
