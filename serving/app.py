@@ -107,8 +107,10 @@ class AgentDeployment:
     def __init__(self, cfg_json: str):
         self.service = AgentService(ServeConfig.model_validate_json(cfg_json))
 
-    def __del__(self):
-        self.service.close()
+    def __del__(self):  # Serve deletes the replica on shutdown: stop the mini-web with it
+        service = getattr(self, "service", None)  # None when __init__ failed
+        if service is not None:
+            service.close()
 
     @api.get("/v1/models")
     def list_models(self):

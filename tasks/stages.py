@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -59,7 +60,17 @@ STAGE_PACKAGES: dict[str, str] = {
     "distill": "distill", "policy": "models", "sft": "training", "rl": "training", "eval": "evaluation",
 }
 CORE_PACKAGE = "afm"
+DISTRIBUTION = "afm-platform"
 _IMPORT_RE = re.compile(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", re.MULTILINE)
+
+
+def _distribution_packages() -> list[str]:
+    """The platform's own top-level packages (not tests/, not bench/): installed in site-packages, the
+    directory next to them holds every other library too."""
+    try:
+        return (importlib.metadata.distribution(DISTRIBUTION).read_text("top_level.txt") or "").split()
+    except importlib.metadata.PackageNotFoundError:  # a bare checkout on sys.path: its package directories
+        return [p.name for p in SOURCE_ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"]
 
 
 def _package_files(root: Path, package: str) -> list[Path]:
@@ -70,7 +81,7 @@ def _package_files(root: Path, package: str) -> list[Path]:
 def code_packages(stage: str, root: Path = SOURCE_ROOT) -> tuple[str, ...]:
     """The first-party packages whose code a stage runs: its package, every first-party package that one
     imports (transitively), and `afm`. An unknown stage gets every package (over-invalidating is safe)."""
-    first_party = {p.name for p in root.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"}
+    first_party = {name for name in _distribution_packages() if (root / name / "__init__.py").is_file()}
     start = STAGE_PACKAGES.get(stage)
     todo = [start] if start in first_party else sorted(first_party)
     seen = {CORE_PACKAGE} & first_party
