@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from afm.tracking import resolve_model_uri
@@ -167,10 +168,11 @@ class ServerHandle:
     port: int
     cache: Path | None
     own_ray: bool
+    own_serve: bool = False  # False until this process starts Serve: never shut down another server's
 
     def stop(self, timeout_s: float = 30.0) -> None:
         try:
-            if ray.is_initialized():  # serve.shutdown() would otherwise start a Ray to connect to
+            if self.own_serve and ray.is_initialized():  # serve.shutdown() would otherwise start a Ray
                 serve.shutdown()
             if self.own_ray:
                 ray.shutdown()
@@ -189,9 +191,18 @@ class ServerHandle:
         raise PortInUseError(f"port {self.port} still in use {timeout_s:.0f} s after Serve shut down")
 
 
+def serve_running() -> bool:
+    """Whether this Ray cluster already runs Ray Serve (one Serve instance per cluster: serve.start would keep
+    the other's HTTP port, and serve.run of our app would replace the other's)."""
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
 def wait_ready(url: str, model_name: str, timeout_s: float) -> None:
-    """Until GET /v1/models lists `model_name`: serve.run returning does not prove the proxy listens on OUR port
-    (a Serve instance already running in a connected cluster keeps its own HTTP options)."""
+    """Until GET /v1/models lists `model_name`: serve.run returning does not prove the proxy listens."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -201,8 +212,7 @@ def wait_ready(url: str, model_name: str, timeout_s: float) -> None:
         except requests.RequestException:
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"nothing answers at {url} {timeout_s:.0f} s after deploying; is another Ray Serve "
-                       f"instance running in this Ray cluster (`serve status`)?")
+    raise ServeError(f"nothing answers at {url} {timeout_s:.0f} s after deploying (see the Ray logs)")
 
 
 def _interrupt(*_) -> None:
@@ -214,23 +224,26 @@ def run_server(cfg: ServeConfig, blocking: bool = True, ready_timeout_s: float =
     SIGINT/SIGTERM, then stop. Otherwise return the handle (the caller stops it)."""
     check_port_free(cfg.host, cfg.port)
     model_dir, cache = prepare_model(cfg.model)
-    own_ray = not ray.is_initialized()
+    url = f"http://{cfg.host}:{cfg.port}/v1"
+    handle = ServerHandle(url, cfg.host, cfg.port, cache, own_ray=not ray.is_initialized())
     try:
         toolbox, corpus, tools_source = serving_tools(cfg, model_dir)
         check_tools(toolbox, corpus)
-        if own_ray:
+        if handle.own_ray:
             # RAY_ADDRESS (the stack's Ray) when set, else a local Ray that goes away with this process.
             ray.init(include_dashboard=False, log_to_driver=False)
+        if serve_running():
+            raise ServeError("Ray Serve already runs in this Ray cluster (another `afm serve`?); stop it first "
+                             "(`serve shutdown`), or unset RAY_ADDRESS to serve from a Ray of this process")
+        handle.own_serve = True
         serve.start(http_options={"host": cfg.host, "port": cfg.port})
         env = {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name)}
         deployment = AgentDeployment.options(ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": env}})
         local_cfg = cfg.model_copy(update={"model": str(model_dir)})
         serve.run(deployment.bind(local_cfg.model_dump_json()), name=APP_NAME, route_prefix="/", blocking=False)
-        url = f"http://{cfg.host}:{cfg.port}/v1"
-        handle = ServerHandle(url, cfg.host, cfg.port, cache, own_ray)
         wait_ready(url, cfg.model_name, ready_timeout_s)
     except BaseException:
-        ServerHandle("", cfg.host, cfg.port, cache, own_ray).stop(timeout_s=0)
+        handle.stop(timeout_s=0)
         raise
     if not blocking:
         return handle

@@ -165,6 +165,15 @@ def test_unknown_model_and_route_are_404_in_openai_schema(client, server):
     assert malformed.status_code == 400 and set(malformed.json()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_second_server_in_the_same_ray_is_refused_and_the_first_keeps_serving(server, client, tiny_policy):
+    from serving.app import ServeConfig, run_server
+    from serving.service import ServeError
+
+    with pytest.raises(ServeError, match="Ray Serve already runs in this Ray cluster"):
+        run_server(ServeConfig(model=str(tiny_policy), port=free_port()), blocking=False)
+    assert [m.id for m in client.models.list().data] == ["afm"]
+
+
 def test_agent_answers_with_the_recorded_toolbox(client):
     out = client.post("/agent", body={"question": "What is the capital of Ludoria?"}, cast_to=object)
     assert out["object"] == "agent.result"
