@@ -226,7 +226,9 @@ def _log_tools(toolbox: Any) -> None:
         record["corpus_path"] = corpus.name
     else:
         record["corpus_path"] = None
-    record = {key: REDACTED if looks_like_secret(key, value) else value for key, value in record.items()}
+    # By value only: a toolbox names its keys by environment variable (web_search_api_key_env="SERPER_API_KEY"),
+    # and redacting that name would break the record; a key pasted into any field is still caught.
+    record = {key: REDACTED if looks_like_secret("", value) else value for key, value in record.items()}
     mlflow.log_dict(record, f"model/{TOOLS_DIR}/toolbox.json")
 
 

@@ -62,7 +62,7 @@ def test_recorded_toolbox_and_corpus_come_back_with_the_model(tmp_path, monkeypa
     corpus.write_text(json.dumps({"id": "1", "title": "Ludoria", "url": "http://miniweb.local/wiki/Ludoria",
                                   "text": "The capital of Ludoria is Vazoma."}) + "\n")
     toolbox = ToolboxConfig(tools=["web_search", "code"], corpus_path=corpus, search_top_k=1,
-                            cache_dir=tmp_path / "cache")
+                            cache_dir=tmp_path / "cache", web_search_endpoint="https://me:hunter22@search.example")
     with tracking.start_run("rl", "record-tools", params={"toolbox": toolbox.model_dump(mode="json")}):
         version = tracking.register_model(service.cfg.model, "afm-tools-test", tags={})
     corpus.unlink()  # the run's corpus was a temporary file; the record keeps its own copy
@@ -71,6 +71,8 @@ def test_recorded_toolbox_and_corpus_come_back_with_the_model(tmp_path, monkeypa
     served, served_corpus, source = serving_tools(ServeConfig(model=str(model_dir)), model_dir)
     assert source.startswith("recorded with the model")
     assert served.tools == ["web_search", "code"] and served.search_top_k == 1 and served.cache_dir is None
+    assert served.web_search_api_key_env == "SERPER_API_KEY"  # an env var's name, kept (not redacted)
+    assert served.web_search_endpoint == "<redacted>"  # credentials in a URL are not
     with serve_corpus(served, served_corpus) as live:
         assert "Vazoma" in build_toolbox(live).call("web_search", "Ludoria capital").text
     explicit = ToolboxConfig(tools=["code"])
