@@ -1,6 +1,7 @@
-"""Serve a trained agent with Ray Serve, OpenAI-compatible: `/v1/models`, `/v1/chat/completions` (whole or
-streamed as server-sent events), and `/v1/agent`, which runs the whole Chain-of-Agents loop with tools and
-returns the answer and trajectory (or streams each turn's segments as they are produced).
+"""Serve a trained agent with Ray Serve, OpenAI-compatible: `/v1/models` (and `/v1/models/{id}`),
+`/v1/chat/completions` (whole or streamed as server-sent events), and `/v1/agent`, which runs the whole
+Chain-of-Agents loop with tools and returns the answer and trajectory (or streams each turn's segments as they
+are produced).
 
     afm serve models:/afm-rl@champion --port 8000            # or a policy directory / s3:// artifact
     python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none'); \\
@@ -116,6 +117,10 @@ class AgentDeployment:
     @api.get("/v1/models")
     def list_models(self):
         return self.service.models()
+
+    @api.get("/v1/models/{model}")
+    def retrieve_model(self, model: str):
+        return self.service.model_card(model)
 
     @api.post("/v1/chat/completions")
     def chat_completions(self, req: ChatRequest):

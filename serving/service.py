@@ -120,16 +120,19 @@ class AgentService:
         self._resources.close()
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0,
-                                            "owned_by": "afm"}]}
+        return {"object": "list", "data": [self.model_card(self.cfg.model_name)]}
+
+    def model_card(self, name: str) -> dict:
+        if name != self.cfg.model_name:
+            raise OpenAIError(404, f"The model '{name}' does not exist; this server serves "
+                                   f"'{self.cfg.model_name}'.", param="model", code="model_not_found")
+        return {"id": name, "object": "model", "created": 0, "owned_by": "afm"}
 
     # -- chat completions -------------------------------------------------------------------------------------
 
     def _prompt(self, req: ChatRequest) -> tuple[list[int], int]:
         """(prompt ids, completion budget); 404 for another model, 400 for a max_tokens that cannot fit."""
-        if req.model != self.cfg.model_name:
-            raise OpenAIError(404, f"The model '{req.model}' does not exist; this server serves "
-                                   f"'{self.cfg.model_name}'.", param="model", code="model_not_found")
+        self.model_card(req.model)  # 404 for another model
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in req.messages]
         prompt = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,

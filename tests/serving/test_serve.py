@@ -74,7 +74,12 @@ def client(server):
 
 
 def test_openai_client_talks_to_the_server(client):
+    import openai
+
     assert [m.id for m in client.models.list().data] == ["afm"]
+    assert client.models.retrieve("afm").id == "afm"
+    with pytest.raises(openai.NotFoundError, match="The model 'gpt-x' does not exist"):
+        client.models.retrieve("gpt-x")
     reply = client.chat.completions.create(model="afm", messages=QUESTION, max_tokens=8, temperature=0)
     assert reply.choices[0].message.role == "assistant"
     assert isinstance(reply.choices[0].message.content, str)
