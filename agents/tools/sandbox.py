@@ -340,8 +340,10 @@ def _drop_privileges() -> list[str]:
 def _bwrap_command(script_fd: int, seccomp_fd: int | None, limits: SandboxLimits) -> list[str]:
     seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     return ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", *_root_binds(),
-            "--size", str(limits.tmpfs_mb * MIB), "--perms", "1777", "--tmpfs", "/tmp",
+            "--die-with-parent", "--new-session",
+            # /tmp first: a venv under /tmp (a CI clone in /tmp/...) is then bound on top of the fresh tmpfs
+            # instead of being covered by it
+            "--size", str(limits.tmpfs_mb * MIB), "--perms", "1777", "--tmpfs", "/tmp", *_root_binds(),
             "--perms", "0777", "--dir", INNER_WORKDIR,
             "--perms", "0644", "--file", str(script_fd), f"{INNER_WORKDIR}/main.py",
             "--proc", "/proc", "--dev", "/dev",  # /dev before /dev/shm: --dev mounts a fresh /dev over it

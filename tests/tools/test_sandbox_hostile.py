@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
+import subprocess
+import sys
+import venv
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +66,22 @@ def test_same_program_same_output():
 
 
 @pytest.mark.skipif(_cgroup_parents() is None or os.geteuid() != 0, reason="no writable cgroup hierarchy here")
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bwrap mode")
+def test_interpreter_under_tmp_is_bound_over_the_private_tmp(tmp_path):
+    """A clone in /tmp (CI's fresh clones) has its venv under /tmp: the sandbox's private /tmp must not hide it."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    # the outer program imports the project and its libraries from here; the sandboxed one needs only stdlib
+    (next(env_dir.glob("lib/python*/site-packages")) / "afm_test.pth").write_text(
+        "\n".join([*site.getsitepackages(), str(Path(sandbox.__file__).resolve().parents[2])]) + "\n")
+    outer = ("from agents.tools.sandbox import SandboxLimits, run_python\n"
+             "r = run_python('import sys, os; print(sys.prefix, os.getcwd())', SandboxLimits(timeout_s=20))\n"
+             "print(r.status, r.stdout.strip(), r.stderr.strip()[-300:])\n")
+    done = subprocess.run([str(env_dir / "bin" / "python"), "-c", outer], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ok", str(env_dir), "/tmp/work"], done.stdout
+
+
 def test_cgroup_caps_the_tree_and_is_removed(monkeypatch):
     made = []
     create = sandbox._Cgroup.create
