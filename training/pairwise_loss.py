@@ -1,0 +1,127 @@
+"""AutoCoA's when-to-act objective (SFT stage 1): a reference-free pairwise loss on (chosen, rejected) pairs.
+
+Both branches of a pair share the prompt and a reasoning prefix and differ only in the continuation: one acts (a
+tool call) at that point, the other does not (it answers). Only the continuation tokens are labelled (the prompt
+and prefix are -100). With P̄ = the mean log-probability per labelled token of a branch (length-normalised, so a
+long tool call and a short answer are compared per token),
+
+    L = -log σ(P̄_chosen - P̄_rejected) - α · P̄_chosen        (α = 0.2, no reference model; AutoCoA's
+                                                               LogprobsPairwiseTrainer, β effectively 1)
+
+The α term keeps the chosen branch likely in absolute terms: without it the margin can grow by pushing both
+branches down.
+
+Batches reuse the SFT packing (training/sft_data.py): every branch is one `SFTExample`, all branches of a batch go
+into ONE flat row with positions restarting per example (so the attention keeps them apart), and
+`example_index` says which branch each token belongs to. Chosen branches are examples 0..B-1, rejected B..2B-1.
+
+Usage:
+    chosen = continuation_example(tok, question, prefix_text, chosen_text)     # "afm" tags; labels = continuation
+    rejected = continuation_example(tok, question, prefix_text, rejected_text)
+    batch = collate_pairs([(chosen, rejected), ...])
+    out = pairwise_loss(model, batch, PairwiseConfig().alpha); out.loss.backward()
+    out.chosen_logp, out.rejected_logp          # P̄ per pair (detached), for logging the margin
+
+Not here yet (issue #23): the stage wiring (Ray Train path, checkpoints, MLflow run); the full (tokens x vocab)
+log-softmax is taken at once, so long rows of a 152k-vocab model need the chunked head of training/sft_loss.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from transformers import PreTrainedTokenizerBase
+
+from afm.config import Config
+from models.format import parse_segments
+from models.tokenizer import encode_prompt, encode_segment, encode_untrusted
+from training.sft_data import IGNORE_INDEX, SFTExample, collate_rows, model_inputs
+
+TagStyle = Literal["afm", "plain"]
+
+
+class PairwiseConfig(Config):
+    """The when-to-act objective's knobs."""
+
+    alpha: float = Field(0.2, ge=0.0, description="Weight of the -P̄_chosen term (mean log-prob per labelled chosen "
+                                                   "token) added to -log σ(P̄_chosen - P̄_rejected); AutoCoA uses 0.2.")
+
+
+@dataclass
+class PairwiseResult:
+    loss: torch.Tensor  # mean over pairs, differentiable
+    chosen_logp: torch.Tensor  # P̄_chosen per pair, detached
+    rejected_logp: torch.Tensor  # P̄_rejected per pair, detached
+
+
+def _assistant_ids(tokenizer: PreTrainedTokenizerBase, text: str, tags: TagStyle) -> list[int]:
+    """Ids of assistant text. "afm": our rendered segments, tokenized segment by segment exactly as SFT and RL do
+    (tags are special tokens, observations untrusted). "plain": foreign text (AutoCoA's `<begin_search>` tags are
+    not ours), tokenized as untrusted text so nothing in it can become a special token."""
+    if tags == "plain":
+        return encode_untrusted(tokenizer, text)
+    return [t for seg in parse_segments(text) for t in encode_segment(tokenizer, seg)]
+
+
+def continuation_example(tokenizer: PreTrainedTokenizerBase, question: str, prefix: str, continuation: str,
+                         system_prompt: str | None = None, tags: TagStyle = "afm") -> SFTExample:
+    """Prompt + shared prefix (labels -100) + continuation (labelled). No eos: a branch that ends in a tool call
+    stops there (the environment speaks next), so neither branch is taught to end the turn."""
+    context = encode_prompt(tokenizer, question, system_prompt) + (_assistant_ids(tokenizer, prefix, tags) if prefix else [])
+    tail = _assistant_ids(tokenizer, continuation, tags)
+    if not tail:
+        raise ValueError("empty continuation: a pair branch must label at least one token")
+    return SFTExample(context + tail, [IGNORE_INDEX] * len(context) + tail)
+
+
+def collate_pairs(pairs: Sequence[tuple[SFTExample, SFTExample]]) -> dict[str, torch.Tensor]:
+    """(chosen, rejected) pairs -> one packed row (collate_rows) plus `example_index` (1, N): chosen branches are
+    examples 0..B-1, rejected ones B..2B-1."""
+    if not pairs:
+        raise ValueError("collate_pairs: no pairs")
+    examples = [c for c, _ in pairs] + [r for _, r in pairs]
+    batch = collate_rows([examples])
+    batch["example_index"] = torch.cat(
+        [torch.full((len(e),), i, dtype=torch.long) for i, e in enumerate(examples)]).unsqueeze(0)
+    return batch
+
+
+def mean_logprobs(logits: torch.Tensor, labels: torch.Tensor, example_index: torch.Tensor, n_examples: int) -> torch.Tensor:
+    """P̄ per example: mean over its labelled tokens of log p(token | everything before it), in float32.
+
+    `logits`, `labels`, `example_index` are (rows, T[, V]); position t's logits score token t+1. A packed row's
+    boundary needs no care: every example's first label is -100, so no token is scored from another example.
+    Raises ValueError if an example has no labelled token (its mean would be 0/0).
+    """
+    targets = labels[:, 1:]
+    keep = targets != IGNORE_INDEX
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    token_logp = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)[keep]
+    owner = example_index[:, 1:][keep]
+    sums = torch.zeros(n_examples, dtype=torch.float32, device=logits.device).index_add(0, owner, token_logp)
+    counts = torch.bincount(owner, minlength=n_examples)
+    if bool((counts == 0).any()):
+        raise ValueError(f"examples {(counts == 0).nonzero().flatten().tolist()} have no labelled token")
+    return sums / counts
+
+
+def pairwise_objective(chosen_logp: torch.Tensor, rejected_logp: torch.Tensor, alpha: float) -> torch.Tensor:
+    """mean over pairs of -log σ(P̄_c - P̄_r) - α·P̄_c (logsigmoid: stable for large margins)."""
+    return (-F.logsigmoid(chosen_logp - rejected_logp) - alpha * chosen_logp).mean()
+
+
+def pairwise_loss_from_logits(logits: torch.Tensor, batch: dict[str, torch.Tensor], alpha: float) -> PairwiseResult:
+    """The objective for logits already computed over `batch` (collate_pairs' layout)."""
+    n_pairs = int(batch["example_index"].max()) // 2 + 1
+    logp = mean_logprobs(logits, batch["labels"], batch["example_index"], 2 * n_pairs)
+    chosen, rejected = logp[:n_pairs], logp[n_pairs:]
+    return PairwiseResult(pairwise_objective(chosen, rejected, alpha), chosen.detach(), rejected.detach())
+
+
+def pairwise_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], alpha: float) -> PairwiseResult:
+    """One forward of the packed pair batch through `model` (a causal LM), then the objective."""
+    logits = model(**model_inputs(batch)).logits
+    return pairwise_loss_from_logits(logits, batch, alpha)
