@@ -24,3 +24,21 @@ def tiny_model(tokenizer):
     cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
                           max_position_embeddings=512, seed=0)
     return build_tiny_model(cfg, tokenizer)
+
+
+from tests.teacher.conftest import miniweb, toolbox, toolbox_cfg, world_setup  # noqa: E402,F401 (fixtures)
+
+
+@pytest.fixture(scope="module")
+def teacher_runs(world_setup, toolbox):
+    """(problem, trajectory) for every multihop problem of the small world, from the scripted oracle teacher
+    through the real MAS and toolbox; mistakes on, so some trajectories carry wrong calls that must not be chosen."""
+    from agents.teacher.mas import TeacherConfig, run_mas
+    from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
+    from distill.conversion import mas_log_to_trajectory
+
+    knowledge = OracleKnowledge(world_setup.problems)
+    problems = [p for p in world_setup.problems if p.family == "multihop"]
+    return [(p, mas_log_to_trajectory(run_mas(p, ScriptedOracleBackend(knowledge, 0.5, 0.3, seed=i), toolbox,
+                                              TeacherConfig())))
+            for i, p in enumerate(problems)]
