@@ -1,0 +1,67 @@
+"""Importer of AutoCoA's released pair format (sharegpt ranking) on small files written here: mapping, case
+detection, tokenization as plain text, and errors that name file and line.
+
+    .venv/bin/python -m pytest tests/autocoa/test_import.py -q
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distill.autocoa_import import import_autocoa_pairs
+from distill.autocoa_pairs import PairFormatError, pair_examples
+from training.sft_data import IGNORE_INDEX
+
+PROMPT = "Answer the question. Question: Who directed Zarno?\n<think>\nI do not know the director of Zarno."
+ACT = " Let me search.\n<begin_search> Zarno director </end_search>"
+HALLUCINATE = " It was Kell Brin.\n</think>\n\n\\boxed{Kell Brin}"
+
+
+def _row(chosen: str, rejected: str, **extra) -> dict:
+    return {"conversation": [{"from": "human", "value": PROMPT}], "chosen": {"from": "gpt", "value": chosen},
+            "rejected": {"from": "gpt", "value": rejected}, **extra}
+
+
+def test_json_array_and_jsonl_import_the_same_pairs(tmp_path, tokenizer):
+    rows = [_row(ACT, HALLUCINATE), _row(HALLUCINATE, ACT), _row(HALLUCINATE, " It was Tovo.</think>\\boxed{Tovo}")]
+    as_json = tmp_path / "pairs.json"
+    as_json.write_text(json.dumps(rows, indent=1))
+    as_jsonl = tmp_path / "pairs.jsonl"
+    as_jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = import_autocoa_pairs(as_json)
+    assert [(p.question, p.prefix, p.chosen, p.rejected, p.tags) for p in pairs] == \
+        [(PROMPT, "", r["chosen"]["value"], r["rejected"]["value"], "plain") for r in rows]
+    assert [p.case for p in pairs] == ["info_missing", "info_present", ""]
+    assert [p.id for p in pairs] == ["pairs-0", "pairs-1", "pairs-2"]
+    assert [(p.chosen, p.case) for p in import_autocoa_pairs(as_jsonl)] == [(p.chosen, p.case) for p in pairs]
+    chosen, _ = pair_examples(tokenizer, pairs[0])
+    # their tags stay text: the labelled ids decode back to exactly the continuation
+    assert tokenizer.decode([t for t in chosen.labels if t != IGNORE_INDEX]) == ACT
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"chosen": {"from": "gpt", "value": ACT}, "rejected": {"from": "gpt", "value": ACT}}, "'conversation' .* \\(missing\\)"),
+    ({**_row(ACT, HALLUCINATE), "conversation": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]},
+     "exactly one human turn \\(2 turns\\)"),
+    (_row(ACT, ""), "'rejected' has an empty value"),
+    ({**_row(ACT, HALLUCINATE), "chosen": {"from": "human", "value": ACT}}, "'chosen' must be \\{'from': 'gpt'"),
+    (_row(ACT, HALLUCINATE, system="You are helpful."), "'system' prompt is not supported"),
+    ([1, 2], "must be a JSON object"),
+])
+def test_bad_rows_name_file_and_line(tmp_path, bad, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(_row(ACT, HALLUCINATE)) + "\n\n" + json.dumps(bad) + "\n")
+    with pytest.raises(PairFormatError, match=f"^{path}:3: .*{message}"):
+        import_autocoa_pairs(path)
+
+
+def test_broken_json_names_the_line_and_array_records_their_index(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text(json.dumps(_row(ACT, HALLUCINATE)) + "\n{not json\n")
+    with pytest.raises(PairFormatError, match=f"^{path}:2: not valid JSON"):
+        import_autocoa_pairs(path)
+    array = tmp_path / "broken.json"
+    array.write_text(json.dumps([_row(ACT, HALLUCINATE), _row(ACT, "  ")]))
+    with pytest.raises(PairFormatError, match=f"^{array}: record 1: 'rejected' has an empty value"):
+        import_autocoa_pairs(array)
