@@ -14,12 +14,20 @@ subprocesses and sockets, and a looping student program costs its timeout once p
 Concurrent sandboxes share the sandbox user's process limit: a fork bomb in one call can make another call of
 the same turn fail to start; that call returns a tool error like any other.
 
+Simulated environment (AutoCoA's RL stage 1, `simulated_env=True`): no tool runs. When the policy closes a
+tool call, the SAME engine continues the sequence after the observation's open tag and writes the observation
+itself, up to `</observation>` (its implicit world model, learned in SFT stage 3). Those imagined tokens are
+appended like a real observation: loss mask 0 and logprob 0.0, so they get no loss and no advantage. The calls
+are recorded with status "simulated" (so real tool calls can be counted apart). All simulated observations of a
+turn are generated in one batched call.
+
 Safety: tool calls are parsed only from the text the policy generated in that turn, so tags or instructions
 inside observations are never executed or counted as the model's answer; `Episode.model_text` (what rewards
 score) holds generated text only. This does NOT stop a page from persuading the policy in plain words.
 
 Usage:
     episodes = run_rollouts(engine, tokenizer, toolbox, problems, RolloutConfig(group_size=4), seed=0)
+    imagined = run_rollouts(engine, tokenizer, toolbox, problems, RolloutConfig(simulated_env=True), seed=0)
     episodes[0].response_ids, episodes[0].loss_mask, episodes[0].status
 """
 from __future__ import annotations
@@ -35,12 +43,15 @@ from transformers import PreTrainedTokenizerBase
 from afm.config import Config
 from agents.tools.base import ToolResult
 from models.engines.base import Generation, GenerationEngine
-from models.format import STOP_STRINGS, TOOL_TAGS, Segment, TrajectoryError, parse_segments
+from models.format import (
+    OBSERVATION_CLOSE, OBSERVATION_OPEN, STOP_STRINGS, TOOL_TAGS, Segment, TrajectoryError, parse_segments,
+)
 from models.tokenizer import check_token_roundtrip, decode, encode_observation, encode_prompt
 from problems.records import Problem
 
 STATUSES = ("answered", "max_turns", "token_budget", "format_error")
 _TOOL_CLOSE = {f"</{tag}>": tag for tag in TOOL_TAGS}
+OBSERVATION_STOP = OBSERVATION_CLOSE.strip()  # "</observation>": where a simulated observation ends
 
 
 class ToolCaller(Protocol):
@@ -61,7 +72,10 @@ class RolloutConfig(Config):
     max_batch_size: int = Field(0, ge=0, description="Most sequences per generate call; 0 = all live episodes at once.")
     system_prompt: str | None = Field(None, description="System prompt; must be the one the policy was SFT'd with.")
     tool_workers: int = Field(4, ge=1, description="Threads running one turn's tool calls concurrently (1: in order).")
-    check_roundtrip: bool = Field(False, description="Strict mode: raise if an answered episode's ids differ from re-tokenizing its text.")
+    check_roundtrip: bool = Field(False, description="Strict mode: raise if an answered episode's ids differ from re-tokenizing its text "
+                                                     "(not for simulated_env: imagined observations are generated ids, not tokenized text).")
+    simulated_env: bool = Field(False, description="AutoCoA's simulated environment: no tool runs; the policy writes each observation "
+                                                   "itself (up to </observation>, at most max_new_tokens), masked out of loss and advantages.")
 
 
 @dataclass
@@ -181,6 +195,32 @@ def append_tool_result(ep: Episode, tokenizer: PreTrainedTokenizerBase, cfg: Rol
     _append_observation(ep, tokenizer, result.text, observation_ids)
 
 
+def simulate_observations(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
+                          calls: Sequence[tuple[Episode, tuple[str, str]]], seed: int) -> None:
+    """The policy writes each call's observation: one batched generation from each episode's sequence plus the
+    observation open tag, stopped at `</observation>`. Appended with mask 0 like a real one; an observation cut
+    by `max_new_tokens` is closed with the full close tag so the sequence keeps the trajectory format."""
+    if not calls:
+        return
+    open_ids = tokenizer(OBSERVATION_OPEN, add_special_tokens=False)["input_ids"]  # our own text: trusted
+    gens = engine.generate(
+        [ep.prompt_ids + ep.response_ids + open_ids for ep, _ in calls], max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature, top_p=cfg.top_p, stop=(OBSERVATION_STOP,), seed=seed,
+    )
+    for (ep, (tag, argument)), gen in zip(calls, gens):
+        ep.tool_calls.append(ToolCall(tag, argument, "simulated", 0.0))
+        imagined = decode(tokenizer, gen.token_ids)
+        closed = gen.stop == OBSERVATION_STOP
+        # the close tag's tail ("\n\n" after </observation>) is ours to add, as after a real observation
+        tail = OBSERVATION_CLOSE[OBSERVATION_CLOSE.index(OBSERVATION_STOP) + len(OBSERVATION_STOP):] if closed else OBSERVATION_CLOSE
+        ids = open_ids + list(gen.token_ids) + tokenizer(tail, add_special_tokens=False)["input_ids"]
+        if len(ep.response_ids) + len(ids) >= cfg.token_budget:
+            ep.status = "token_budget"
+            continue
+        body = imagined[:imagined.rfind(OBSERVATION_STOP)].removesuffix("\n") if closed else imagined
+        _append_observation(ep, tokenizer, body, ids)
+
+
 def advance_episode(
     ep: Episode, gen: Generation, tokenizer: PreTrainedTokenizerBase, toolbox: ToolCaller, cfg: RolloutConfig,
 ) -> None:
@@ -221,9 +261,14 @@ def run_rollouts(
                 # decode on the pool too, the full test suite saw episodes differ from a serial run (a shared
                 # fast tokenizer is not guaranteed thread-safe).
                 calls = [(ep, call) for ep, gen in zip(batch, gens) if (call := take_turn(ep, gen, tokenizer, cfg))]
-                results = list(pool.map(lambda item: timed_tool_call(toolbox, *item[1]), calls))
-                for (ep, call), (result, seconds) in zip(calls, results):
-                    append_tool_result(ep, tokenizer, cfg, *call, result, seconds)
+                if cfg.simulated_env:
+                    # a sampling stream apart from the policy turns' (`start + 1` would be the next chunk's seed)
+                    obs_seed = (seed * 1_000_003 + turn * 1_009 + start) ^ 0x5EED0B5
+                    simulate_observations(engine, tokenizer, cfg, calls, seed=obs_seed)
+                else:
+                    results = list(pool.map(lambda item: timed_tool_call(toolbox, *item[1]), calls))
+                    for (ep, call), (result, seconds) in zip(calls, results):
+                        append_tool_result(ep, tokenizer, cfg, *call, result, seconds)
                 gen_share = (generated - started) / len(batch)
                 tool_share = (time.perf_counter() - generated) / len(batch)
                 for ep in batch:
