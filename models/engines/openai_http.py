@@ -1,7 +1,10 @@
 """Generation through an OpenAI-compatible HTTP server (e.g. `vllm serve`), with token ids in and out.
 
-`OpenAIEngine.generate` sends token-id prompts to the completions endpoint in one batched request and
-reads back the sampled ids and their logprobs. Token-id prompts and ids in the output are vLLM extensions
+`OpenAIEngine.generate` sends token-id prompts to the completions endpoint and reads back the sampled ids and
+their logprobs. Unseeded, all prompts go in one batched request. Seeded, each prompt is its own request with its
+own seed (`seed=int` gives prompt i `seed + i`, a sequence gives one seed per prompt), sent concurrently
+(`max_concurrency`) so the server still batches them: one request carries one seed for all its prompts, which
+would make the n copies of a prompt in a GRPO group identical samples. Token-id prompts and ids in the output are vLLM extensions
 of the OpenAI API (`return_tokens_as_token_ids`, `include_stop_str_in_output`, `skip_special_tokens`); a
 server without them (api.openai.com) can still be used through `chat`, the plain text helper the teacher's
 LLM backend calls.
@@ -28,12 +31,14 @@ Usage:
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 import torch
 from openai import OpenAI
 
 from models.engines.base import Generation
+from models.engines.vllm_engine import per_prompt_seeds
 from models.format import STOP_STRINGS
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -42,8 +47,10 @@ _TOKEN_ID_PREFIX = "token_id:"
 class OpenAIEngine:
     """GenerationEngine over an OpenAI-compatible server; weights live in the server process."""
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "AFM_LLM_API_KEY", timeout_s: float = 600.0):
+    def __init__(self, base_url: str, model: str, api_key_env: str = "AFM_LLM_API_KEY", timeout_s: float = 600.0,
+                 max_concurrency: int = 64):
         self.model = model
+        self.max_concurrency = max_concurrency
         self.client = OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY", timeout=timeout_s,
                              max_retries=2)
 
@@ -55,8 +62,21 @@ class OpenAIEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop: Sequence[str] = STOP_STRINGS,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[Generation]:
+        if seed is None:
+            return self._complete(prompts, max_new_tokens, temperature, top_p, stop, None)
+        seeds = per_prompt_seeds(seed, len(prompts))
+        if len(prompts) == 1:
+            return self._complete(prompts, max_new_tokens, temperature, top_p, stop, seeds[0])
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(prompts)))) as pool:
+            parts = pool.map(lambda ps: self._complete([ps[0]], max_new_tokens, temperature, top_p, stop, ps[1]),
+                             zip(prompts, seeds))
+            return [gen for part in parts for gen in part]
+
+    def _complete(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                  stop: Sequence[str], seed: int | None) -> list[Generation]:
+        """One completions request: every prompt in it shares `seed`."""
         response = self.client.completions.create(
             model=self.model,
             prompt=prompts,

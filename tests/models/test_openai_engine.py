@@ -33,6 +33,22 @@ def test_generate_returns_the_same_ids_and_logprobs_as_in_process(served, tokeni
     assert short.finish_reason == "length" and short.stop is None and len(short.token_ids) == 2
 
 
+def test_seeds_are_per_prompt_requests(served, tokenizer):
+    local, base_url = served
+    remote = OpenAIEngine(base_url, model="tiny", api_key_env="AFM_TEST_KEY")
+    prompt = encode_prompt(tokenizer, sample_trajectory(0).question, SYSTEM_PROMPT)
+
+    def alone(seed):
+        return local.generate([prompt], max_new_tokens=12, temperature=1.5, seed=seed)[0]
+
+    assert alone(5).token_ids != alone(9).token_ids
+    # one request per prompt, each with its own seed: the two copies of one prompt are independent samples
+    assert remote.generate([prompt, prompt], max_new_tokens=12, temperature=1.5, seed=[5, 9]) == [alone(5), alone(9)]
+    assert remote.generate([prompt, prompt], max_new_tokens=12, temperature=1.5, seed=5) == [alone(5), alone(6)]
+    with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
+        remote.generate([prompt, prompt], max_new_tokens=1, seed=[1])
+
+
 def test_chat_returns_text_before_the_stop_string(served):
     _, base_url = served
     remote = OpenAIEngine(base_url, model="tiny", api_key_env="AFM_TEST_KEY")
