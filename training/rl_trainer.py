@@ -1,25 +1,21 @@
-"""Agentic RL trainer (GRPO with DAPO clip-higher and dynamic sampling) over multi-turn CoA rollouts.
+"""Agentic RL (GRPO with DAPO clip-higher and dynamic sampling with refill) over multi-turn CoA rollouts, on Ray.
 
-Reads top to bottom as the loop it runs:
-    setup (policy, reference, optimizer, rollout engine, toolbox, judge, MLflow run, resume)
-    -> per step: rollout -> reward -> advantages (+ dynamic sampling) -> update -> weight sync -> log
-    -> checkpoint every `checkpoint_every` steps -> final save + model registration -> cleanup.
+The topology (docs/rl-distributed.md), one code path from 2 CPU cores to GPU nodes; the config picks the sizes:
+    driver (train_rl, in the Prefect task)   MLflow run, the rollout pool's actors, Ray Train's TorchTrainer
+    rollout pool (training/rl_pool.py)       `pool.rollout_workers` engine replicas + `pool.tool_actors` tool actors
+    learner group (Ray Train workers)        `num_learners` ranks, FSDP2 or DDP (training/rl_learner.py)
+Rank 0 of the learner group drives each step: rollout on the pool -> scores (judge calls concurrent, bounded) ->
+advantages, DAPO refill until `prompts_per_step` informative groups -> broadcast of the learner batch -> the
+update on every rank -> gathered weights -> sync into every rollout actor -> metrics to MLflow -> a sharded
+checkpoint (DCP, every rank its shard) through Ray Train every `checkpoint_every` steps. The 2-core default is
+the 1-actor, 1-learner case of the same code.
 
-Where it runs: in this process. On the CPU default the rollout engine (`HFEngine`) shares the learner's
-module, so "weight sync" is a same-object load; on a GPU machine `engine="vllm"` keeps a vLLM engine and
-`update_weights` pushes the learner's weights into it after every update. The learner is NOT wrapped in a
-Ray Train TorchTrainer: with one learner worker there is no gradient all-reduce to distribute, rollouts and
-tool calls must sit next to the policy weights, and Ray Train's start (~14 s) and per-report cost (~1.7 s)
-would eat a large share of the 5-minute tiny run. Multi-GPU learners are verl's job (see verl_export.py).
-The learner's logprob passes run the episodes as one flat sequence with per-episode attention and the LM head
-at response tokens only (`grpo.token_logprobs` under `models.packed_attention.packed_attention`).
-
-Resume is exact: a checkpoint (`training.checkpointing`, shared with SFT) holds the policy, optimizer,
-scheduler and RNG state, the step and the metrics history; every random choice of step k (which problems,
-rollout sampling) is also derived from (seed, k), so 2 steps + resume + 2 steps gives the
-same weights as 4 steps straight — provided the tools answer the same calls the same way (set
-`toolbox.cache_dir`: sandbox tracebacks name a random temp dir, so an uncached failing program's
-observation differs from run to run).
+Faults: a rollout actor that dies is restarted by Ray, re-synced and given its unit again (every episode exactly
+once); a learner worker that dies makes Ray Train restart the group from the newest checkpoint (`max_failures`).
+Resume across invocations: the same `output_dir` (hence Ray storage path and run name) continues from the
+newest checkpoint; every random choice of step k (problems, rollout sampling per episode) derives from
+(seed, k) and the problem cursor saved in the checkpoint, so 2 steps + resume + 2 steps gives the weights of
+4 steps straight, provided the tools answer the same calls the same way (set `toolbox.cache_dir`).
 
 Usage:
     result = train_rl(RLConfig(policy="runs/sft/policy", problems_path="data/rl_problems.jsonl",
@@ -28,34 +24,33 @@ Usage:
 """
 from __future__ import annotations
 
-import copy
 import json
+import math
 import random
+import shutil
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from pydantic import Field
-from tqdm import tqdm
 
-from afm import tracking
 from afm.config import Config
-from afm.storage import sha256_file
 from agents.tools.sandbox import SandboxLimits
-from agents.tools.toolbox import ToolboxConfig, build_toolbox
-from evaluation.lineage import lineage_tags
-from models.engines.hf import HFEngine
-from models.packed_attention import packed_attention
-from models.policy import load_policy, save_policy
+from agents.tools.toolbox import ToolboxConfig
 from problems.records import Problem, read_problems
-from training.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
-from training.grpo import group_advantages, informative_groups, policy_loss, token_logprobs
-from training.rewards import Judge, score_response
+from training.dynamic_sampling import fill_informative_groups
+from training.grpo import group_advantages
+from training.rewards import Judge, RewardBreakdown, score_response
 from training.rewards import build_judge as rewards_build_judge
-from training.lr import warmup_schedule
-from training.rl_rollout import Episode, RolloutConfig, rollout_stats, run_rollouts
+from training.rl_learner import LearnerBatch, build_learner_batch, gathered_weights, learner_update, setup_learner
+from training.rl_pool import PoolConfig
+from training.rl_rollout import Episode, RolloutConfig, rollout_stats
+from training.parallel import Parallelism, hf_model
 
 
 class RLConfig(Config):
@@ -65,10 +60,21 @@ class RLConfig(Config):
                                         "models:/name@alias URI ('' only where the pipeline fills it in).")
     problems_path: str = Field("", description="JSONL of Problem records; rows with split='train' are used "
                                                "('' only where the pipeline fills it in).")
-    output_dir: str = Field("runs/rl", description="Checkpoints and the final policy go here.")
+    output_dir: str = Field("runs/rl", description="The final policy goes here; Ray Train's checkpoints under "
+                                                   "<output_dir>/ray unless checkpoint_uri says otherwise.")
+    checkpoint_uri: str = Field("", description="Ray Train storage for checkpoints: a directory every node sees, or "
+                                                "s3://bucket/prefix ('' = <output_dir>/ray).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Group size, turns, token budgets, sampling.")
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="Rollout actors (engine replicas) and tool actors.")
     toolbox: ToolboxConfig = Field(default_factory=lambda: ToolboxConfig(tools=["code"]), description="Tools the policy may call.")
-    prompts_per_step: int = Field(4, ge=1, description="Problems per step; each gets rollout.group_size episodes.")
+    num_learners: int = Field(1, ge=1, description="Learner workers (Ray Train; one GPU each with use_gpu).")
+    parallelism: Parallelism = Field("ddp", description="Learner data parallelism: ddp (full replica per worker) or "
+                                                        "fsdp (FSDP2: parameters, gradients and AdamW state sharded).")
+    bf16: bool = Field(True, description="On GPU: bf16 compute with fp32 master weights (FSDP2 mixed precision); "
+                                         "the exported policy is bf16. fp32 on CPU whatever this says.")
+    use_gpu: bool = Field(False, description="Learner workers on GPUs.")
+    prompts_per_step: int = Field(4, ge=1, description="Groups the learner trains on per step (informative ones with "
+                                                       "dynamic_sampling); each is rollout.group_size episodes.")
     steps: int = Field(20, ge=0, description="RL steps (one rollout batch + its updates each).")
     time_budget_s: float = Field(0.0, ge=0.0, description="Stop after this much wall time (0 = no limit); the last step finishes.")
     lr: float = Field(1e-4, gt=0.0, description="AdamW learning rate (AFM: 1e-6 on real models; the tiny default wants ~1e-4).")
@@ -80,20 +86,24 @@ class RLConfig(Config):
     kl_coef: float = Field(0.0, ge=0.0, description="k3 KL-to-reference coefficient (AFM: 0 web/code, 0.001 MHQA); 0 skips the reference model.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split into this many minibatches).")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate to the minibatch.")
-    dynamic_sampling: bool = Field(True, description="DAPO: drop groups whose rewards are all equal (zero advantage).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward on one learner; gradients accumulate to the minibatch.")
+    dynamic_sampling: bool = Field(True, description="DAPO: train only on groups whose rewards differ, sampling more "
+                                                     "problems until prompts_per_step such groups are found.")
+    max_refill_rounds: int = Field(4, ge=1, description="Sampling rounds per step at most (the first included) when "
+                                                        "refilling informative groups; short steps train on what they have.")
     overlong_buffer_tokens: int = Field(0, ge=0, description="DAPO soft overlong penalty ramp (0 = off); max is rollout.token_budget.")
     judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for web/QA rewards.")
     judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
     judge_model: str = Field("", description="Model name at the judge endpoint (judge='llm').")
+    judge_concurrency: int = Field(8, ge=1, description="Episodes scored at once (LLM-judge requests and answer test "
+                                                        "runs in flight).")
     qa_reward: Literal["em", "f1"] = Field("em", description="Multi-hop QA reward: exact match (AutoCoA) or token F1 "
                                                              "(partial credit for half-right names; accuracy stays EM).")
-    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: in-process transformers, or vLLM (GPU machines; its logprobs are at temperature 1, the learner recomputes old logprobs either way).")
-    use_gpu: bool = Field(False, description="Put the learner (and HF engine) on CUDA.")
     seed: int = Field(0, description="Seeds problem order, rollouts and the learner.")
     checkpoint_every: int = Field(10, ge=1, description="Save a resumable checkpoint every this many steps.")
-    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk (older ones are deleted).")
-    resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept (older ones are deleted by Ray Train).")
+    max_failures: int = Field(2, ge=0, description="Learner-group restarts from the newest checkpoint before the job fails.")
+    resume: bool = Field(True, description="Continue from the newest checkpoint of this output_dir if there is one.")
     mlflow_experiment: str = Field("rl", description="MLflow experiment of the run.")
     run_name: str = Field("rl", description="MLflow run name.")
     registered_model_name: str = Field("afm-rl", description="Registry name the final policy is added to as a new version.")
@@ -107,94 +117,12 @@ class RLResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-# ---------------------------------------------------------------- batch building and the update
+# ---------------------------------------------------------------- rank 0's part of a step: episodes -> batch
 
-@dataclass
-class LearnerBatch:
-    """Right-padded sequences; everything indexed by target position t (predicting input_ids[:, t + 1])."""
-
-    input_ids: torch.Tensor       # [B, T]
-    attention_mask: torch.Tensor  # [B, T]
-    loss_mask: torch.Tensor       # [B, T-1] 1 on generated response tokens only
-    advantages: torch.Tensor      # [B]
-    rollout_logprobs: torch.Tensor  # [B, T-1]
-
-
-def build_learner_batch(episodes: list[Episode], advantages: list[float], pad_id: int) -> LearnerBatch:
-    """Pack episodes for the learner: prompt and observation tokens get loss mask 0."""
-    width = max(len(ep.prompt_ids) + len(ep.response_ids) for ep in episodes)
-    batch = len(episodes)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
-    loss_mask = torch.zeros((batch, width - 1))
-    rollout_lp = torch.zeros((batch, width - 1))
-    for row, ep in enumerate(episodes):
-        ids = ep.prompt_ids + ep.response_ids
-        input_ids[row, :len(ids)] = torch.tensor(ids)
-        attention[row, :len(ids)] = 1
-        start = len(ep.prompt_ids) - 1  # target position of the first response token
-        loss_mask[row, start:start + len(ep.response_ids)] = torch.tensor(ep.loss_mask, dtype=torch.float)
-        rollout_lp[row, start:start + len(ep.response_ids)] = torch.tensor(ep.rollout_logprobs)
-    return LearnerBatch(input_ids, attention, loss_mask, torch.tensor(advantages, dtype=torch.float), rollout_lp)
-
-
-@torch.no_grad()
-def batch_logprobs(model, batch: LearnerBatch, temperature: float, micro: int, device) -> torch.Tensor:
-    out = []
-    for s in range(0, batch.input_ids.shape[0], micro):
-        sl = slice(s, s + micro)
-        lp, _ = token_logprobs(model, batch.input_ids[sl].to(device), batch.attention_mask[sl].to(device),
-                               batch.loss_mask[sl].to(device), temperature, False)
-        out.append(lp.cpu())
-    return torch.cat(out)
-
-
-def update_policy(model, optimizer, scheduler, batch: LearnerBatch, old_lp: torch.Tensor, ref_lp: torch.Tensor | None,
-                  cfg: RLConfig, device) -> dict[str, float]:
-    """`ppo_epochs` x `minibatches` optimizer steps; each minibatch's loss is token-level over ALL its valid
-    tokens (micro-batch losses are normalized by the minibatch token count, so accumulation is exact)."""
-    model.train()
-    rows = batch.input_ids.shape[0]
-    per_mb = -(-rows // cfg.minibatches)
-    totals: dict[str, float] = {}
-    count = 0
-    for _ in range(cfg.ppo_epochs):
-        for mb_start in range(0, rows, per_mb):
-            mb = range(mb_start, min(mb_start + per_mb, rows))
-            valid = float(batch.loss_mask[mb.start:mb.stop].sum().clamp(min=1.0))
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum, mb_stats = 0.0, {}
-            for s in range(mb.start, mb.stop, cfg.micro_batch_size):
-                sl = slice(s, min(s + cfg.micro_batch_size, mb.stop))
-                ids, att = batch.input_ids[sl].to(device), batch.attention_mask[sl].to(device)
-                lp, ent = token_logprobs(model, ids, att, batch.loss_mask[sl].to(device), cfg.rollout.temperature, True)
-                loss, stats = policy_loss(
-                    lp, old_lp[sl].to(device), batch.advantages[sl].to(device), batch.loss_mask[sl].to(device),
-                    eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-                    ref_logprobs=None if ref_lp is None else ref_lp[sl].to(device), kl_coef=cfg.kl_coef,
-                    entropy=ent.detach(), num_valid_tokens=valid,
-                )
-                loss.backward()
-                loss_sum += float(loss.detach())
-                share = float(batch.loss_mask[sl].sum()) / valid
-                for key, value in stats.items():
-                    mb_stats[key] = mb_stats.get(key, 0.0) + value * share
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            mb_stats.update(loss=loss_sum, grad_norm=float(grad_norm))
-            for key, value in mb_stats.items():
-                totals[key] = totals.get(key, 0.0) + value
-            count += 1
-    return {key: value / count for key, value in totals.items()}
-
-
-# ---------------------------------------------------------------- setup helpers
-
-def step_problems(problems: list[Problem], step: int, per_step: int, seed: int) -> list[Problem]:
-    """Problems of `step`: consecutive slices of a seeded per-epoch shuffle (deterministic in (seed, step))."""
+def next_problems(problems: list[Problem], cursor: int, count: int, seed: int) -> list[Problem]:
+    """Problems `cursor` .. `cursor + count - 1` of the stream of seeded per-epoch shuffles of `problems`."""
     picked = []
-    for k in range(step * per_step, (step + 1) * per_step):
+    for k in range(cursor, cursor + count):
         epoch, pos = divmod(k, len(problems))
         order = list(range(len(problems)))
         random.Random(seed * 100_003 + epoch).shuffle(order)
@@ -206,22 +134,95 @@ def build_judge(cfg: RLConfig) -> Judge:
     return rewards_build_judge(cfg.judge, cfg.judge_base_url, cfg.judge_model)
 
 
-def build_engine(cfg: RLConfig, model, tokenizer, output_dir: Path):
-    """HF: shares the learner's module. vLLM: its own copy, loaded from a local save of the current weights
-    (vLLM cannot read s3:// URIs) and updated after every step."""
-    if cfg.engine == "hf":
-        return HFEngine(model, tokenizer)
-    from models.engines.vllm_engine import VLLMEngine  # GPU machines only
-
-    local = save_policy(model, tokenizer, output_dir / "rollout-policy")
-    return VLLMEngine(str(local), max_model_len=model.config.max_position_embeddings)
-
-
 def answer_test_limits(toolbox_cfg: ToolboxConfig) -> SandboxLimits:
     """Sandbox limits for running an answer against its problem's tests (HumanEval): the limits the policy's own
     code tool runs under."""
     return SandboxLimits(timeout_s=toolbox_cfg.code_timeout_s, cpu_s=int(toolbox_cfg.code_timeout_s) + 1,
                          memory_mb=toolbox_cfg.code_memory_mb)
+
+
+def score_episodes(episodes: list[Episode], judge: Judge, cfg: RLConfig) -> list[RewardBreakdown]:
+    """Rewards of a batch of episodes, `judge_concurrency` at a time (LLM-judge calls and HumanEval test runs
+    wait on the network and on sandboxes), in episode order. training.scoring grades, as evaluation does."""
+    limits = answer_test_limits(cfg.toolbox)
+
+    def score(ep: Episode) -> RewardBreakdown:
+        return score_response(ep.problem.family, ep.model_text, ep.problem.answers, judge, ep.problem.question,
+                              response_tokens=len(ep.response_ids),
+                              overlong_max_tokens=cfg.rollout.token_budget if cfg.overlong_buffer_tokens else 0,
+                              overlong_buffer_tokens=cfg.overlong_buffer_tokens, qa_metric=cfg.qa_reward,
+                              tests=ep.problem.metadata, test_limits=limits)
+
+    with ThreadPoolExecutor(max_workers=cfg.judge_concurrency, thread_name_prefix="rl-judge") as pool:
+        return list(pool.map(score, episodes))
+
+
+@dataclass
+class StepBatch:
+    """What rank 0 sends the learner group for one step."""
+
+    batch: LearnerBatch | None  # None when no group was informative
+    metrics: dict[str, float]
+    cursor: int                 # the problem stream's position after this step
+
+
+def collect_step(pool: Any, problems: list[Problem], cursor: int, step: int, cfg: RLConfig, judge: Judge,
+                 pad_id: int) -> StepBatch:
+    """Roll out, score and (with dynamic sampling) refill until `prompts_per_step` informative groups; the
+    learner batch with group-normalized advantages."""
+    G, seed = cfg.rollout.group_size, cfg.seed * 7919 + step
+    timing = {"generation": 0.0, "tools": 0.0, "rollout": 0.0, "scoring": 0.0}
+    state = {"cursor": cursor, "index": 0}
+    episodes_all: list[Episode] = []
+    scores_all: list[RewardBreakdown] = []
+
+    def sample(count: int, _round: int) -> list[tuple[list[Episode], list[float]]]:
+        batch_problems = next_problems(problems, state["cursor"], count, cfg.seed)
+        indices = list(range(state["index"], state["index"] + count))  # unique in the step: per-episode seeds
+        state["cursor"] += count
+        state["index"] += count
+        started = time.perf_counter()
+        episodes = pool.rollout(batch_problems, indices, cfg.rollout, seed)
+        scored_at = time.perf_counter()
+        scores = score_episodes(episodes, judge, cfg)
+        timing["rollout"] += scored_at - started
+        timing["scoring"] += time.perf_counter() - scored_at
+        episodes_all.extend(episodes)
+        scores_all.extend(scores)
+        return [(episodes[g * G:(g + 1) * G], [s.score for s in scores[g * G:(g + 1) * G]]) for g in range(count)]
+
+    if cfg.dynamic_sampling:
+        filled = fill_informative_groups(sample, cfg.prompts_per_step, cfg.max_refill_rounds)
+        groups, sampled, rounds = filled.groups, filled.sampled_groups, filled.rounds
+    else:
+        groups, sampled, rounds = sample(cfg.prompts_per_step, 0), cfg.prompts_per_step, 1
+    batch = None
+    if groups:
+        advantages = group_advantages(torch.tensor([rewards for _, rewards in groups], dtype=torch.float))
+        batch = build_learner_batch([ep for eps, _ in groups for ep in eps], advantages.flatten().tolist(), pad_id)
+    stats = rollout_stats(episodes_all)
+    rewards = torch.tensor([s.score for s in scores_all])
+    lengths = [sum(ep.loss_mask) for ep in episodes_all]
+    metrics = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "accuracy": sum(s.correct for s in scores_all) / len(scores_all),
+        "format_ok": sum(s.format_score for s in scores_all) / len(scores_all),
+        "response_tokens_mean": sum(lengths) / len(lengths),
+        "tool_calls_per_episode": stats.tool_calls_per_episode,
+        "turns_mean": sum(ep.turns for ep in episodes_all) / len(episodes_all),
+        "groups_kept": float(len(groups)),
+        "groups_sampled": float(sampled),
+        "oversampling_ratio": sampled / cfg.prompts_per_step,
+        "refill_rounds": float(rounds),
+        "time_rollout_s": timing["rollout"],
+        "time_scoring_s": timing["scoring"],
+        # the episodes' shares of generation and tool wall time, summed: the step's time in each phase
+        "time_generation_s": stats.generation_s,
+        "time_tools_s": stats.tool_s,
+        **{f"status_{k}": v / len(episodes_all) for k, v in stats.status_counts.items()},
+    }
+    return StepBatch(batch, metrics, state["cursor"])
 
 
 def reward_curve_figure(history: list[dict[str, float]]):
@@ -241,137 +242,145 @@ def reward_curve_figure(history: list[dict[str, float]]):
     return fig
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- the learner group's loop (every rank)
 
-@dataclass
-class RLSession:
-    """Everything one RL job holds between steps (built by `setup_session`)."""
-
-    cfg: RLConfig
-    problems: list[Problem]
-    model: Any
-    tokenizer: Any
-    ref_model: Any  # frozen initial policy for the KL term; None when kl_coef == 0
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    engine: Any
-    toolbox: Any
-    judge: Judge
-    device: torch.device
-    start_step: int
-    history: list[dict[str, float]]
+def _broadcast(obj: Any, rank: int, world_size: int, device: torch.device) -> Any:
+    """rank 0's `obj` on every rank (pickled; the step's batch is small next to the weights)."""
+    if world_size == 1:
+        return obj
+    box = [obj if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
+    return box[0]
 
 
-def setup_session(cfg: RLConfig) -> RLSession:
-    """Load problems and policy, build optimizer, resume from the newest checkpoint, start engine and tools."""
-    torch.manual_seed(cfg.seed)
-    device = torch.device("cuda" if cfg.use_gpu else "cpu")
-    output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    problems = [p for p in read_problems(cfg.problems_path) if p.split == "train"]
-    if not problems:
-        raise ValueError(f"{cfg.problems_path}: no problems with split='train'; RL needs training problems")
-    # A local dir is used in place; models:/name@alias, runs:/ and s3:// URIs are downloaded first.
-    policy_dir = tracking.resolve_model_uri(cfg.policy, output_dir / "start-policy")
-    model, tokenizer = load_policy(policy_dir, device=str(device))
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = warmup_schedule(optimizer, "constant", cfg.warmup_steps, total_steps=0)
-    start_step, history = 0, []
-    latest = latest_checkpoint(output_dir / "checkpoints") if cfg.resume else None
-    if latest is not None:
-        state = load_checkpoint(latest, model, optimizer, scheduler)
-        start_step, history = state["step"], state["history"]
-    return RLSession(
-        cfg=cfg, problems=problems, model=model, tokenizer=tokenizer, ref_model=ref_model, optimizer=optimizer,
-        scheduler=scheduler, engine=build_engine(cfg, model, tokenizer, output_dir),
-        toolbox=build_toolbox(cfg.toolbox), judge=build_judge(cfg), device=device, start_step=start_step,
-        history=history,
-    )
+def rl_worker_loop(config: dict[str, Any]) -> None:
+    """Ray Train entry point on every learner worker: setup -> train -> save_checkpoint -> cleanup."""
+    import ray.train
+
+    from training.rl_sink import RLCheckpointSink
+    from training.sft_tracking import StepMetricsLogger
+    from training.sft_trainer import worker_device
+
+    cfg = RLConfig.model_validate(config["cfg"])
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    device = worker_device(cfg, context.get_local_rank())
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, int(config["cpus_per_learner"])))
+
+    # setup
+    parts = setup_learner(cfg, Path(config["policy_dir"]), rank, world, device)
+    sink = RLCheckpointSink(rank)
+    state = sink.load(parts)  # {"step", "cursor", "history", "elapsed_s"}; zeros on a fresh run
+    pool = config["pool"] if rank == 0 else None
+    logger = StepMetricsLogger(config["tracking_uri"], config["run_id"]) if rank == 0 else None
+    problems = [p for p in read_problems(cfg.problems_path) if p.split == "train"] if rank == 0 else []
+    judge = build_judge(cfg) if rank == 0 else None
+    weights = gathered_weights(parts)
+    if rank == 0:
+        pool.sync(weights)  # a resumed or restarted group brings the actors to its checkpoint's weights
+    del weights
+
+    # train
+    step, history, started = state["step"], state["history"], time.perf_counter()
+    while step < cfg.steps:
+        tick = time.perf_counter()
+        collected = collect_step(pool, problems, state["cursor"], step, cfg, judge, parts.tokenizer.pad_token_id) \
+            if rank == 0 else None
+        collected = _broadcast(collected, rank, world, device)
+        update: dict[str, float] = {}
+        if collected.batch is not None:
+            update_started = time.perf_counter()
+            update = learner_update(parts, collected.batch, cfg)
+            update["time_training_s"] = time.perf_counter() - update_started
+            weights = gathered_weights(parts)
+            if rank == 0:
+                update["sync_s"] = pool.sync(weights)
+            del weights
+        step += 1
+        state["cursor"] = collected.cursor
+        metrics = {"step": step - 1, **collected.metrics, **update, "step_time_s": time.perf_counter() - tick}
+        history.append(metrics)
+        if logger is not None:
+            logger.log({k: v for k, v in metrics.items() if k != "step"}, step - 1)
+            logger.flush()
+        out_of_time = bool(cfg.time_budget_s) and state["elapsed_s"] + time.perf_counter() - started > cfg.time_budget_s
+        out_of_time = _broadcast(out_of_time, rank, world, device)
+        final = step == cfg.steps or out_of_time
+        if step % cfg.checkpoint_every == 0 or final:
+            elapsed = state["elapsed_s"] + time.perf_counter() - started
+            sink.save(parts, {"step": step, "cursor": state["cursor"], "history": history, "elapsed_s": elapsed},
+                      {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, final=final)
+        if out_of_time:
+            break
+    if step == state["step"] and step >= cfg.steps:  # nothing left to do (a finished run resumed): export again
+        sink.save(parts, {**state, "history": history}, {"step": step}, final=True)
+
+    # cleanup
+    if logger is not None:
+        logger.flush()
 
 
-def rl_step(s: RLSession, step: int) -> dict[str, float]:
-    """One RL step: rollout -> reward -> advantages -> update -> weight sync. Returns its metrics."""
-    cfg, tokenizer, model, device = s.cfg, s.tokenizer, s.model, s.device
-    started = time.perf_counter()
-    batch_problems = step_problems(s.problems, step, cfg.prompts_per_step, cfg.seed)
-    episodes = run_rollouts(s.engine, tokenizer, s.toolbox, batch_problems, cfg.rollout, seed=cfg.seed * 7919 + step)
-    rollout_s = time.perf_counter() - started
-    stats = rollout_stats(episodes)
+# ---------------------------------------------------------------- the driver
 
-    # training.scoring grades (the grader evaluation uses); HumanEval answers run against the problem's tests
-    test_limits = answer_test_limits(cfg.toolbox)
-    scored = [
-        score_response(ep.problem.family, ep.model_text, ep.problem.answers, s.judge, ep.problem.question,
-                       response_tokens=len(ep.response_ids),
-                       overlong_max_tokens=cfg.rollout.token_budget if cfg.overlong_buffer_tokens else 0,
-                       overlong_buffer_tokens=cfg.overlong_buffer_tokens, qa_metric=cfg.qa_reward,
-                       tests=ep.problem.metadata, test_limits=test_limits)
-        for ep in episodes
-    ]
-    rewards = torch.tensor([s.score for s in scored]).view(len(batch_problems), cfg.rollout.group_size)
-    advantages = group_advantages(rewards)
-    keep = informative_groups(rewards) if cfg.dynamic_sampling else torch.ones(len(batch_problems), dtype=torch.bool)
-    kept = [(ep, float(advantages[ep.prompt_index, ep.sample_index])) for ep in episodes if keep[ep.prompt_index]]
+def cpus_per_learner(cfg: RLConfig) -> int:
+    """CPUs a CPU learner reserves: the node's CPUs / learners. Rollout and tool actors reserve none on CPU
+    (synchronous RL: generation and the update take turns on the same cores)."""
+    import ray
 
-    train_started = time.perf_counter()
-    update: dict[str, float] = {}
-    if kept:
-        batch = build_learner_batch([ep for ep, _ in kept], [a for _, a in kept], tokenizer.pad_token_id)
-        # The learner's passes run flat sequences with per-episode attention; generation (same module) keeps sdpa.
-        with packed_attention(model):
-            old_lp = batch_logprobs(model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
-            ref_lp = None
-            if s.ref_model is not None:
-                with packed_attention(s.ref_model):
-                    ref_lp = batch_logprobs(s.ref_model, batch, cfg.rollout.temperature, cfg.micro_batch_size, device)
-            update = update_policy(model, s.optimizer, s.scheduler, batch, old_lp, ref_lp, cfg, device)
-        gen_mask = batch.loss_mask > 0
-        # Token-in/token-out check: the sampler's logprobs vs the learner's recomputation before the update.
-        update["rollout_logprob_abs_diff"] = float((old_lp - batch.rollout_logprobs).abs()[gen_mask].mean())
-        s.engine.update_weights(model.state_dict())  # weight sync learner -> rollout engine
-    train_s = time.perf_counter() - train_started
-
-    lengths = [sum(ep.loss_mask) for ep in episodes]
-    metrics = {
-        "step": step,
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "accuracy": sum(s.correct for s in scored) / len(scored),
-        "format_ok": sum(s.format_score for s in scored) / len(scored),
-        "response_tokens_mean": sum(lengths) / len(lengths),
-        "tool_calls_per_episode": stats.tool_calls_per_episode,
-        "turns_mean": sum(ep.turns for ep in episodes) / len(episodes),
-        "groups_kept": float(keep.sum()),
-        "time_generation_s": rollout_s - stats.tool_s,
-        "time_tools_s": stats.tool_s,
-        "time_training_s": train_s,
-        "step_time_s": time.perf_counter() - started,
-        **{f"status_{k}": v / len(episodes) for k, v in stats.status_counts.items()},
-        **update,
-    }
-    return metrics
+    return max(1, int(ray.cluster_resources().get("CPU", 1)) // cfg.num_learners)
 
 
 def train_rl(cfg: RLConfig) -> RLResult:
-    """Run the RL job described by `cfg`; returns the final policy dir, MLflow run id, version and history."""
-    session = setup_session(cfg)
-    output_dir, history = Path(cfg.output_dir), session.history
+    """Run the RL job described by `cfg` on Ray (a local cluster unless one is running); one MLflow run.
+    Returns the final policy dir, MLflow run id, model version and per-step history."""
+    import mlflow
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from afm import tracking
+    from afm.ray_local import init_local_ray
+    from afm.storage import sha256_file
+    from evaluation.lineage import lineage_tags
+    from training.rl_pool import RolloutPool
+    from training.sft_ray import move_policy, ray_storage
+
+    if not ray.is_initialized():
+        init_local_ray()
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if not any(p.split == "train" for p in read_problems(cfg.problems_path)):
+        raise ValueError(f"{cfg.problems_path}: no problems with split='train'; RL needs training problems")
+    storage = cfg.checkpoint_uri or str(output_dir / "ray")
+    if not cfg.resume and not cfg.checkpoint_uri:
+        shutil.rmtree(storage, ignore_errors=True)
+    storage_path, filesystem = ray_storage(storage)
+    # A local dir is used in place; models:/name@alias, runs:/ and s3:// URIs are downloaded first.
+    policy_dir = tracking.resolve_model_uri(cfg.policy, output_dir / "start-policy")
     with tracking.start_run(cfg.mlflow_experiment, cfg.run_name, params=cfg.model_dump(mode="json"),
-                            tags={"stage": "rl", "resumed_from_step": session.start_step}) as run:
-        started = time.perf_counter()
-        for step in tqdm(range(session.start_step, cfg.steps), desc="rl", initial=session.start_step, total=cfg.steps):
-            metrics = rl_step(session, step)
-            history.append(metrics)
-            tracking.log_metrics({k: v for k, v in metrics.items() if k != "step"}, step=step)
-            done = step + 1
-            out_of_time = bool(cfg.time_budget_s) and time.perf_counter() - started > cfg.time_budget_s
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps or out_of_time:
-                save_checkpoint(output_dir / "checkpoints", done, session.model, session.optimizer, session.scheduler,
-                                {"history": history}, cfg.keep_last)
-            if out_of_time:
-                break
-        model_dir = save_policy(session.model, session.tokenizer, output_dir / "policy")
+                            tags={"stage": "rl"}) as run:
+        pool = RolloutPool(cfg.pool, policy_dir, cfg.toolbox)
+        try:
+            trainer = TorchTrainer(
+                rl_worker_loop,
+                train_loop_config={"cfg": cfg.model_dump(), "pool": pool, "policy_dir": str(policy_dir),
+                                   "run_id": run.info.run_id, "tracking_uri": mlflow.get_tracking_uri(),
+                                   "cpus_per_learner": cpus_per_learner(cfg)},
+                scaling_config=ScalingConfig(num_workers=cfg.num_learners, use_gpu=cfg.use_gpu,
+                                             resources_per_worker=None if cfg.use_gpu else {"CPU": cpus_per_learner(cfg)}),
+                # One run name per output_dir: Ray Train finds the newest checkpoint of an earlier invocation.
+                run_config=RunConfig(name="rl", storage_path=storage_path, storage_filesystem=filesystem,
+                                     checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_last),
+                                     failure_config=FailureConfig(max_failures=cfg.max_failures)),
+            )
+            result = trainer.fit()
+        finally:
+            pool.shutdown()
+        model_dir = output_dir / "policy"
+        move_policy(result.checkpoint, model_dir)
+        with result.checkpoint.as_directory() as checkpoint_dir:
+            history = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text())["history"]
         if history:
             fig = reward_curve_figure(history)
             tracking.log_figure(fig, "reward_curve.png")
@@ -382,5 +391,4 @@ def train_rl(cfg: RLConfig) -> RLResult:
         # data is the RL problem set, identified by its sha256.
         tags = lineage_tags("rl", run_id, cfg.policy, "", cfg.problems_path, sha256_file(Path(cfg.problems_path)))
         version = tracking.register_model(model_dir, cfg.registered_model_name, tags={**tags, "steps": len(history)})
-    # Cleanup: on CPU the engine shares the learner's module and tools hold no processes between calls.
     return RLResult(model_dir=model_dir, run_id=run_id, model_version=version, history=history)

@@ -95,7 +95,7 @@ def ray_storage(uri: str) -> tuple[str, pyarrow.fs.FileSystem | None]:
     return f"{parsed.netloc}{parsed.path}".rstrip("/"), pyarrow.fs.S3FileSystem(**options)
 
 
-def _move_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
+def move_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
     """Move `policy/` out of the final checkpoint, atomically (temp dir + rename), so Ray storage keeps no copy
     of it. Only that folder is read: the checkpoint's DCP shards (fp32 weights + AdamW, 6x the policy's bytes
     for a bf16 7B) stay in storage for a continued run."""
@@ -142,7 +142,7 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
         )
         result = trainer.fit()
         policy_dir = Path(cfg.output_dir) / "policy"
-        _move_policy(result.checkpoint, policy_dir)
+        move_policy(result.checkpoint, policy_dir)
         metrics = result.metrics
         data = DataReport(**{key.removeprefix("data."): int(v) for key, v in metrics.items() if key.startswith("data.")})
         outcome = TrainOutcome(metrics["loss"], int(metrics["step"]), metrics["mean_tokens_per_s"], data)

@@ -5,7 +5,8 @@ import torch
 
 from problems.records import Problem
 from training.rl_rollout import Episode
-from training.rl_trainer import build_learner_batch, step_problems
+from training.rl_learner import build_learner_batch
+from training.rl_trainer import next_problems
 
 
 def test_learner_batch_masks_prompt_and_observation_targets():
@@ -24,9 +25,9 @@ def test_learner_batch_masks_prompt_and_observation_targets():
     assert batch.advantages.tolist() == [1.5, -1.5]
 
 
-def test_step_problems_cover_each_epoch_and_are_deterministic():
+def test_problem_stream_covers_each_epoch_and_is_deterministic():
     problems = [Problem(id=str(i), question=str(i), answers=["x"], family="multihop") for i in range(10)]
-    first_epoch = [p.id for s in range(5) for p in step_problems(problems, s, 2, seed=7)]
+    first_epoch = [p.id for s in range(5) for p in next_problems(problems, 2 * s, 2, seed=7)]
     assert sorted(first_epoch) == sorted(p.id for p in problems)
-    assert first_epoch == [p.id for s in range(5) for p in step_problems(problems, s, 2, seed=7)]
-    assert first_epoch != [p.id for s in range(5) for p in step_problems(problems, s, 2, seed=8)]
+    assert first_epoch == [p.id for s in range(5) for p in next_problems(problems, 2 * s, 2, seed=7)]
+    assert first_epoch != [p.id for s in range(5) for p in next_problems(problems, 2 * s, 2, seed=8)]
