@@ -4,10 +4,11 @@
 their logprobs. Unseeded, all prompts go in one batched request. Seeded, each prompt is its own request with its
 own seed (`seed=int` gives prompt i `seed + i`, a sequence gives one seed per prompt), sent concurrently
 (`max_concurrency`) so the server still batches them: one request carries one seed for all its prompts, which
-would make the n copies of a prompt in a GRPO group identical samples. Token-id prompts and ids in the output are vLLM extensions
-of the OpenAI API (`return_tokens_as_token_ids`, `include_stop_str_in_output`, `skip_special_tokens`); a
-server without them (api.openai.com) can still be used through `chat`, the plain text helper the teacher's
-LLM backend calls.
+would make the n copies of a prompt in a GRPO group identical samples.
+
+Token-id prompts and ids in the output are vLLM extensions of the OpenAI API (`return_tokens_as_token_ids`,
+`include_stop_str_in_output`, `skip_special_tokens`); a server without them (api.openai.com) can still be used
+through `chat`, the plain text helper the teacher's LLM backend calls.
 
 Logprobs are whatever the server reports. vLLM reports the RAW model distribution (temperature 1, before
 top-p) unless started with `--logprobs-mode processed_logprobs`; HFEngine reports logits / temperature. At
