@@ -103,7 +103,8 @@ class PolicyWeightLoader:
         tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
         if lm_head is None or embed is None or not tied:
             return
-        lm_head.weight = embed.weight
+        if lm_head.weight is not embed.weight:  # same object: nothing to re-point (and CUDA graphs stay valid)
+            lm_head.weight = embed.weight
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
