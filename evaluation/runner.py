@@ -5,11 +5,12 @@ Any model the platform can load is accepted: a local save_pretrained directory, 
 MLflow registry URI (`models:/name@alias`, `models:/name/3`, shorthand `name@alias`), resolved via
 `afm.tracking.resolve_model_uri`.
 
-Where the work runs (decided for this machine and documented): model episodes are BATCHED IN ONE PROCESS
-(`training.rl_rollout.run_rollouts` generates every live episode of a chunk of problems in one
-`engine.generate` call per turn). Batching is what makes small-model generation fast; Ray actors would each
-hold a model copy and split a batch that one process already fills. The teacher runs in process or on the
-distillation stage's Ray actor pool (`teacher_ray_actors`), see evaluation.teacher_eval.
+Where the work runs: model episodes run on the RL rollout pool (`training.rl_pool.RolloutPool`, `pool`):
+`pool.rollout_workers` engine replicas (HF on CPU, vLLM on GPU), each generating its share of a chunk of
+problems in one batched `engine.generate` call per turn, tools on CPU tool actors; the 2-core default is one
+actor. Sampling seeds are per episode (seed, problem index in its set, sample, turn), so the records do not
+depend on the number of replicas. The teacher runs in process or on the distillation stage's Ray actor pool
+(`teacher_ray_actors`), see evaluation.teacher_eval.
 
 Usage:
     cfg = load_config(EvalConfig, "configs/eval.yaml")
@@ -27,7 +28,6 @@ from typing import Literal
 
 import matplotlib.pyplot as plt
 import mlflow
-import torch
 from pydantic import Field
 from tqdm import tqdm
 
@@ -35,7 +35,7 @@ from afm import tracking
 from afm.config import Config
 from agents.teacher.mas import TeacherConfig
 from agents.tools.sandbox import SandboxLimits
-from agents.tools.toolbox import ToolboxConfig, build_toolbox
+from agents.tools.toolbox import ToolboxConfig
 from evaluation.grading import episode_to_record
 from evaluation.lineage import is_registry_uri, normalize_model_uri, resolve_registry_version
 from evaluation.metrics import accuracy
@@ -45,15 +45,14 @@ from evaluation.promotion import (
 from evaluation.records import EvalRecord, write_records
 from evaluation.report import efficiency_rows, save_plots, summary_markdown, summary_rows, tts_curves
 from evaluation.teacher_eval import TEACHER_LABEL, evaluate_teacher, resolve_teacher
-from models.engines.hf import HFEngine
-from models.policy import load_policy
 from problems.computation import computation_problems
 from problems.humaneval import humaneval_problems
 from problems.loaders import load_problems
 from problems.records import Problem
 from training.rewards import Judge
 from training.rewards import build_judge as rewards_build_judge
-from training.rl_rollout import RolloutConfig, run_rollouts
+from training.rl_pool import PoolConfig, RolloutPool
+from training.rl_rollout import RolloutConfig
 
 CHAMPION_LABEL = "champion"  # label of the current champion's records when the gate re-evaluates it
 
@@ -98,8 +97,8 @@ class EvalConfig(Config):
     max_new_tokens: int = Field(128, ge=1, description="Tokens one turn may generate.")
     token_budget: int = Field(768, ge=1, description="Response tokens per episode (generated + observations).")
     system_prompt: str | None = Field(None, description="System prompt; must be the one the models were trained with.")
-    problems_per_batch: int = Field(8, ge=1, description="Problems whose episodes are generated together "
-                                                          "(memory vs speed).")
+    problems_per_batch: int = Field(8, ge=1, description="Problems whose episodes one rollout actor generates "
+                                                          "together (memory vs speed).")
     toolbox: ToolboxConfig = Field(default_factory=ToolboxConfig, description="Tools models and teacher may call.")
     judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for QA answers.")
     judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
@@ -109,7 +108,8 @@ class EvalConfig(Config):
     output_dir: str = Field("runs/eval", description="Per-episode JSONL, summary JSON/markdown and PNG plots go here.")
     mlflow_experiment: str = Field("eval", description="MLflow experiment of the run.")
     run_name: str = Field("eval", description="MLflow run name.")
-    device: str = Field("cpu", description="Torch device for the models ('cuda' on GPU machines).")
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="Rollout actors the models run on (engine "
+                                                                      "replicas, GPUs, tool actors).")
     seed: int = Field(0, description="Seeds sampling (same seed, model and config -> same episodes).")
 
 
@@ -144,27 +144,35 @@ def rollout_config(cfg: EvalConfig) -> RolloutConfig:
                          system_prompt=cfg.system_prompt)
 
 
-def evaluate_model(label: str, uri: str, problem_sets: dict[str, list[Problem]], cfg: EvalConfig, toolbox,
+def evaluate_model(label: str, uri: str, problem_sets: dict[str, list[Problem]], cfg: EvalConfig,
                    judge: Judge, limits: SandboxLimits, work_dir: Path) -> list[EvalRecord]:
     """All episodes of one model on every set (n_samples per problem), batched `problems_per_batch` at a time."""
+    import ray
+
+    from afm.ray_local import init_local_ray
+
+    if not ray.is_initialized():
+        init_local_ray()
     model_dir = tracking.resolve_model_uri(normalize_model_uri(uri), work_dir / label)
-    model, tokenizer = load_policy(model_dir, device=cfg.device)
-    model.eval()
-    engine = HFEngine(model, tokenizer)
     rollout = rollout_config(cfg)
     records: list[EvalRecord] = []
     total = sum(len(ps) for ps in problem_sets.values())
-    with tqdm(total=total, desc=f"eval {label}", unit="problem") as bar, torch.no_grad():
-        for set_label, problems in problem_sets.items():
-            for start in range(0, len(problems), cfg.problems_per_batch):
-                chunk = problems[start:start + cfg.problems_per_batch]
-                episodes = run_rollouts(engine, tokenizer, toolbox, chunk, rollout, seed=cfg.seed * 7919 + start)
-                records += [episode_to_record(ep, label, set_label, judge, limits) for ep in episodes]
-                bar.update(len(chunk))
+    chunk_size = cfg.problems_per_batch * cfg.pool.rollout_workers
+    pool = RolloutPool(cfg.pool, model_dir, cfg.toolbox)
+    try:
+        with tqdm(total=total, desc=f"eval {label}", unit="problem") as bar:
+            for set_label, problems in problem_sets.items():
+                for start in range(0, len(problems), chunk_size):
+                    chunk = problems[start:start + chunk_size]
+                    episodes = pool.rollout(chunk, list(range(start, start + len(chunk))), rollout, seed=cfg.seed * 7919)
+                    records += [episode_to_record(ep, label, set_label, judge, limits) for ep in episodes]
+                    bar.update(len(chunk))
+    finally:
+        pool.shutdown()
     return records
 
 
-def run_gate(cfg: EvalConfig, records: list[EvalRecord], problem_sets: dict[str, list[Problem]], toolbox,
+def run_gate(cfg: EvalConfig, records: list[EvalRecord], problem_sets: dict[str, list[Problem]],
              judge: Judge, limits: SandboxLimits, work_dir: Path) -> tuple[PromotionDecision, list[EvalRecord]]:
     """Evaluate the current champion on the gate set next to the candidate (same problems and sampling),
     decide, and apply the alias. Returns the decision and the champion's records (added to the report)."""
@@ -187,7 +195,7 @@ def run_gate(cfg: EvalConfig, records: list[EvalRecord], problem_sets: dict[str,
     champion_score = None
     if champion_version is not None:
         champion_records = evaluate_model(CHAMPION_LABEL, f"models:/{name}/{champion_version}",
-                                          {gate.problem_set: problem_sets[gate.problem_set]}, cfg, toolbox, judge,
+                                          {gate.problem_set: problem_sets[gate.problem_set]}, cfg, judge,
                                           limits, work_dir)
         champion_score = accuracy(champion_records)
     decision = decide_promotion(candidate_score, champion_score, gate.margin)
@@ -239,7 +247,6 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     per_problem_path = out_dir / "episodes.jsonl"
     problem_sets = {label: load_problem_set(ps) for label, ps in cfg.problem_sets.items()}
-    toolbox = build_toolbox(cfg.toolbox)
     judge = build_judge(cfg)
     limits = SandboxLimits(timeout_s=cfg.test_timeout_s, cpu_s=int(cfg.test_timeout_s) + 1)
     records: list[EvalRecord] = []
@@ -252,10 +259,10 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
                                         judge, limits, Path(tmp))
             write_records(per_problem_path, records)  # after each model: a crash keeps what is done
         for label, uri in cfg.models.items():
-            records += evaluate_model(label, uri, problem_sets, cfg, toolbox, judge, limits, Path(tmp))
+            records += evaluate_model(label, uri, problem_sets, cfg, judge, limits, Path(tmp))
             write_records(per_problem_path, records)
         if cfg.gate is not None:
-            decision, champion_records = run_gate(cfg, records, problem_sets, toolbox, judge, limits, Path(tmp))
+            decision, champion_records = run_gate(cfg, records, problem_sets, judge, limits, Path(tmp))
             records += champion_records
             write_records(per_problem_path, records)
         rows = summary_rows(records, cfg.ks)

@@ -147,7 +147,10 @@ def evaluate_unseen_tool(cfg: EvalConfig) -> list[dict]:
                             params={"tool": CALCULATOR_NAME, **cfg.model_dump(mode="json")}), \
             tempfile.TemporaryDirectory(prefix="afm-unseen-") as tmp:
         for label, uri in cfg.models.items():
-            model, tokenizer = load_policy(tracking.resolve_model_uri(uri, Path(tmp) / label), device=cfg.device)
+            # In process (not on the rollout pool): the calculator lives in this toolbox wrapper, not in a tool
+            # actor's; this evaluation is a few hundred episodes.
+            device = "cuda" if cfg.pool.use_gpu else "cpu"
+            model, tokenizer = load_policy(tracking.resolve_model_uri(uri, Path(tmp) / label), device=device)
             model.eval()
             engine = HFEngine(model, tokenizer)
             for set_label, problems in problem_sets.items():
