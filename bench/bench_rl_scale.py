@@ -5,7 +5,8 @@ Both pool sizes run in one Ray session, side by side, on the same problems, seed
 rollout actor is one engine replica with ONE torch thread (the CPU stand-in for "one GPU per replica"), tools
 run on one CPU tool actor. Policy: the tiny addition-task policy of bench/bench_rl.py (real sandboxed `code`
 tool). Sync: the tiny policy, and a 12-layer x 768 Qwen2-shaped model (76M parameters with tied embeddings, fp32) built from config.
-Writes bench/results/rl_scale.jsonl; takes ~3 min on 2 cores.
+One-step off-policy vs synchronous RL: mean step seconds of a short train_rl run in each mode (1 rollout actor,
+1 learner), same seeds. Writes bench/results/rl_scale.jsonl; takes ~5 min on 2 cores.
 
 Run:  .venv/bin/python bench/bench_rl_scale.py [--prompts 16] [--repeats 2]
 """
@@ -105,6 +106,33 @@ def bench_sync(policy: Path, tool_cache: Path, work: Path) -> None:
                 "all_s": [round(t, 3) for t in times], "path": "ray.put once, every actor load_state_dict from the object store"})
 
 
+def bench_off_policy(policy: Path, problems_path: Path, work: Path, steps: int = 8) -> None:
+    """Mean step seconds (steps 1.., step 0 has nothing to overlap) of synchronous vs one-step off-policy RL."""
+    from training.rl_trainer import RLConfig, train_rl
+
+    os.environ["AFM_HOME"] = str(work / "afm_home")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    means, details = {}, {}
+    for mode in ("sync", "off_policy", "sync", "off_policy"):  # interleaved, best of two each
+        cfg = RLConfig(policy=str(policy), problems_path=str(problems_path), output_dir=str(work / f"rl-{mode}"),
+                       steps=steps, prompts_per_step=8, resume=False, lr=3e-4, seed=0, checkpoint_every=steps,
+                       rollout=RolloutConfig(group_size=4, max_turns=3, max_new_tokens=40, token_budget=200),
+                       toolbox=ToolboxConfig(tools=["code"], code_timeout_s=5, cache_dir=work / "tool-cache"),
+                       one_step_off_policy=mode == "off_policy", mlflow_experiment="bench-rl-scale",
+                       registered_model_name="bench-rl-scale")
+        history = train_rl(cfg).history
+        mean = sum(h["step_time_s"] for h in history[1:]) / (len(history) - 1)
+        if mean < means.get(mode, float("inf")):
+            means[mode] = mean
+            details[mode] = {"step_time_s": round(mean, 3),
+                             "rollout_s": round(sum(h["time_rollout_s"] for h in history[1:]) / (len(history) - 1), 3),
+                             "update_s": round(sum(h.get("time_training_s", 0.0) for h in history[1:]) / (len(history) - 1), 3),
+                             "logprob_drift": round(sum(h.get("rollout_logprob_abs_diff", 0.0) for h in history[1:]) / (len(history) - 1), 5)}
+    record("rl_step_s_sync_over_off_policy", means["sync"] / means["off_policy"], None, "x",
+           {**details, "steps": steps, "episodes_per_step": 32, "cores": os.cpu_count(),
+            "note": "2 cores: rollout actor and learner share them, so only tool waits and Python overheads overlap"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16, help="problems per step (x group 4 episodes)")
@@ -122,6 +150,7 @@ def main() -> None:
         try:
             bench_actors(policy, problems, args.prompts, args.repeats, work / "tool-cache")
             bench_sync(policy, work / "tool-cache", work)
+            bench_off_policy(policy, problems, work)
         finally:
             ray.shutdown()
 

@@ -138,7 +138,8 @@ def _logprobs(model: torch.nn.Module, batch: LearnerBatch, temperature: float, m
 def learner_update(parts: LearnerParts, batch: LearnerBatch, cfg: Any) -> dict[str, float]:
     """Collective. `ppo_epochs` x `minibatches` optimizer steps over `batch` (the same on every rank). Each
     minibatch's loss is token-level over ALL its valid tokens on all ranks. Returns the averaged stats (same on
-    every rank), including the token-in/token-out check `rollout_logprob_abs_diff`."""
+    every rank), including `rollout_logprob_abs_diff` (sampler vs learner logprobs before the update: ~0 on-policy,
+    the policy's one-step drift with `one_step_off_policy`)."""
     model, device = parts.model, parts.device
     rows = batch.input_ids.shape[0]
     per_mb = -(-rows // cfg.minibatches)
@@ -161,6 +162,10 @@ def learner_update(parts: LearnerParts, batch: LearnerBatch, cfg: Any) -> dict[s
             valid = (mine.loss_mask > 0) & (torch.tensor(weights)[:, None] > 0)
             diff_sum += float((old_lp - mine.rollout_logprobs).abs()[valid].sum())
             diff_count += float(valid.sum())
+        if cfg.one_step_off_policy:
+            # The episodes came from the weights before the previous update: the ratio's denominator is the
+            # behaviour policy's own logprobs (the sampler's), not the current policy's recomputation.
+            old = [batch.rows(index).rollout_logprobs for index, _ in shares]
         model.train()
         totals: dict[str, float] = {}
         steps = 0

@@ -10,6 +10,9 @@ update on every rank -> gathered weights -> sync into every rollout actor -> met
 checkpoint (DCP, every rank its shard) through Ray Train every `checkpoint_every` steps. The 2-core default is
 the 1-actor, 1-learner case of the same code.
 
+One-step off-policy (`one_step_off_policy`): rank 0 rolls out step k+1 on a thread while update k runs, and
+the loss's importance ratios use the sampler's (stale) logprobs.
+
 Faults: a rollout actor that dies is restarted by Ray, re-synced and given its unit again (every episode exactly
 once); a learner worker that dies makes Ray Train restart the group from the newest checkpoint (`max_failures`).
 Resume across invocations: the same `output_dir` (hence Ray storage path and run name) continues from the
@@ -87,6 +90,9 @@ class RLConfig(Config):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split into this many minibatches).")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward on one learner; gradients accumulate to the minibatch.")
+    one_step_off_policy: bool = Field(False, description="Generate step k+1's episodes (with the weights before update "
+                                                         "k) while update k runs; the loss's ratios use the sampler's "
+                                                         "logprobs. Needs rollout.temperature 1 with vLLM engines.")
     dynamic_sampling: bool = Field(True, description="DAPO: train only on groups whose rewards differ, sampling more "
                                                      "problems until prompts_per_step such groups are found.")
     max_refill_rounds: int = Field(4, ge=1, description="Sampling rounds per step at most (the first included) when "
@@ -283,10 +289,22 @@ def rl_worker_loop(config: dict[str, Any]) -> None:
 
     # train
     step, history, started = state["step"], state["history"], time.perf_counter()
+    pad_id = parts.tokenizer.pad_token_id
+    # One-step off-policy (rank 0): the next step's rollouts run on a thread while this step's update runs. The
+    # actors run one call at a time, so the weight sync after the update waits for those rollouts to finish:
+    # every step's episodes come from the weights one update old.
+    ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-next-step") \
+        if rank == 0 and cfg.one_step_off_policy else None
+    next_step = None
     while step < cfg.steps:
         tick = time.perf_counter()
-        collected = collect_step(pool, problems, state["cursor"], step, cfg, judge, parts.tokenizer.pad_token_id) \
-            if rank == 0 else None
+        collected = None
+        if rank == 0:
+            collected = next_step.result() if next_step is not None else \
+                collect_step(pool, problems, state["cursor"], step, cfg, judge, pad_id)
+            next_step = None
+            if ahead is not None and step + 1 < cfg.steps:
+                next_step = ahead.submit(collect_step, pool, problems, collected.cursor, step + 1, cfg, judge, pad_id)
         collected = _broadcast(collected, rank, world, device)
         update: dict[str, float] = {}
         if collected.batch is not None:
@@ -317,6 +335,8 @@ def rl_worker_loop(config: dict[str, Any]) -> None:
         sink.save(parts, {**state, "history": history}, {"step": step}, final=True)
 
     # cleanup
+    if ahead is not None:  # a budget stop leaves the next step's rollouts unused (resume regenerates them)
+        ahead.shutdown(wait=True, cancel_futures=True)
     if logger is not None:
         logger.flush()
 

@@ -70,3 +70,16 @@ def test_resume_gives_the_same_weights_as_straight_training(afm_home, tmp_path, 
     a, b = _weights(straight.model_dir), _weights(resumed.model_dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert first.model_version != resumed.model_version
+
+
+def test_one_step_off_policy_trains_on_episodes_of_the_previous_weights(afm_home, tmp_path, sft_policy_dir,
+                                                                        addition_problems_path):
+    cfg = rl_config(sft_policy_dir, addition_problems_path, tmp_path / "async", 3).model_copy(
+        update={"one_step_off_policy": True})
+    result = train_rl(cfg)
+    diffs = [h["rollout_logprob_abs_diff"] for h in result.history]
+    # step 0 is sampled by the start weights it trains; steps 1 and 2 were sampled while the previous update ran,
+    # so the learner's logprobs before its update differ from the sampler's by one update's drift
+    assert diffs[0] < 1e-4 and min(diffs[1:]) > 1e-3, diffs
+    before, after = _weights(sft_policy_dir), _weights(result.model_dir)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
