@@ -54,7 +54,12 @@ class PoolConfig(Config):
     tool_actors: int = Field(1, ge=1, description="CPU actors that run the tool calls of all rollout actors.")
     tool_concurrency: int = Field(8, ge=1, description="Tool calls one tool actor runs at once (threads).")
     engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: transformers (CPU or GPU), or vLLM (GPU).")
-    use_gpu: bool = Field(False, description="Give every rollout actor a GPU.")
+    use_gpu: bool = Field(False, description="Give every rollout actor a GPU (or gpus_per_worker of one).")
+    gpus_per_worker: float = Field(1.0, gt=0.0, le=1.0, description="GPU share of a rollout actor with use_gpu: 1, or "
+                                                                    "e.g. 0.5 to colocate it with a learner on one GPU.")
+    sleep_between_steps: bool = Field(False, description="vLLM: the engine sleeps (frees its GPU memory) from the end "
+                                                         "of its rollouts until the next weight sync, so a colocated "
+                                                         "learner can use it for the update.")
     threads_per_worker: int = Field(0, ge=0, description="torch threads of a CPU rollout actor (0 = this node's "
                                                          "CPUs / rollout_workers).")
     max_unit_attempts: int = Field(3, ge=1, description="Tries per unit of work before the step fails (a dead "
@@ -114,11 +119,15 @@ class RolloutWorker:
             self.model = None
             del model
             self.engine = VLLMEngine(policy_dir, max_model_len=cfg.max_model_len,
-                                     gpu_memory_utilization=cfg.gpu_memory_utilization)
+                                     gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                     enable_sleep_mode=cfg.sleep_between_steps)
+        self.sleeps = cfg.sleep_between_steps and cfg.engine == "vllm"
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> str:
         """Take the learner's weights; returns their checksum as loaded."""
-        self.engine.update_weights(state_dict)
+        self.engine.update_weights(state_dict)  # a sleeping vLLM engine wakes its weights first
+        if self.sleeps:
+            self.engine.wake_up()  # the rest (KV cache) back for the next rollouts
         self.version = version
         return self.checksum() if self.model is not None else weights_checksum(state_dict)
 
@@ -134,6 +143,12 @@ class RolloutWorker:
             raise StaleWeights(f"actor holds weights v{self.version}, the step needs v{version}")
         return run_rollouts(self.engine, self.tokenizer, self.toolbox, problems, rollout_cfg, seed=seed,
                             )  # TEMP prompt_indices=indices)
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory until the next `load_weights` (level 1: weights offloaded to host, so a
+        step that ends without an update can wake them unchanged)."""
+        if self.sleeps:
+            self.engine.sleep(level=1)
 
     def pid(self) -> int:
         return os.getpid()
@@ -158,7 +173,7 @@ class RolloutPool:
         tool_actor = ray.remote(ToolWorker).options(num_cpus=0, max_concurrency=cfg.tool_concurrency,
                                                     max_restarts=-1, max_task_retries=-1)
         self.tool_actors = [tool_actor.remote(toolbox_cfg) for _ in range(cfg.tool_actors)]
-        resources = {"num_gpus": 1} if cfg.use_gpu else {"num_cpus": 0}
+        resources = {"num_gpus": cfg.gpus_per_worker} if cfg.use_gpu else {"num_cpus": 0}
         # max_restarts: Ray brings a dead actor back (start policy, version 0); the pool re-syncs it.
         # max_task_retries=0: a call that dies with its actor fails here, and the pool decides what to rerun.
         rollout_actor = ray.remote(RolloutWorker).options(max_restarts=-1, max_task_retries=0, **resources)
@@ -174,6 +189,11 @@ class RolloutPool:
         self.weights_ref = ray.put(dict(state_dict))
         ray.get([actor.load_weights.remote(self.weights_ref, self.version) for actor in self.actors])
         return time.perf_counter() - started
+
+    def sleep(self) -> None:
+        """Colocated vLLM engines free their GPU memory for the update (no-op unless `sleep_between_steps`)."""
+        if self.cfg.sleep_between_steps:
+            ray.get([actor.sleep.remote() for actor in self.actors])
 
     def checksums(self) -> list[str]:
         return ray.get([actor.checksum.remote() for actor in self.actors])

@@ -305,16 +305,19 @@ def rl_worker_loop(config: dict[str, Any]) -> None:
             next_step = None
             if ahead is not None and step + 1 < cfg.steps:
                 next_step = ahead.submit(collect_step, pool, problems, collected.cursor, step + 1, cfg, judge, pad_id)
+            if next_step is None:
+                pool.sleep()  # colocated engines free the GPU for the update (and wake with the sync)
         collected = _broadcast(collected, rank, world, device)
         update: dict[str, float] = {}
         if collected.batch is not None:
             update_started = time.perf_counter()
             update = learner_update(parts, collected.batch, cfg)
             update["time_training_s"] = time.perf_counter() - update_started
-            weights = gathered_weights(parts)
-            if rank == 0:
-                update["sync_s"] = pool.sync(weights)
-            del weights
+        # Synced even without an update: the sync is also what wakes sleeping engines.
+        weights = gathered_weights(parts)
+        if rank == 0:
+            update["sync_s"] = pool.sync(weights)
+        del weights
         step += 1
         state["cursor"] = collected.cursor
         metrics = {"step": step - 1, **collected.metrics, **update, "step_time_s": time.perf_counter() - tick}
