@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -103,6 +104,8 @@ class EvalConfig(Config):
     judge: Literal["normalized_match", "llm"] = Field("normalized_match", description="Judge for QA answers.")
     judge_base_url: str = Field("", description="OpenAI-compatible endpoint of the LLM judge (judge='llm').")
     judge_model: str = Field("", description="Model name at the judge endpoint (judge='llm').")
+    judge_concurrency: int = Field(8, ge=1, description="Episodes graded at once (LLM-judge requests and HumanEval "
+                                                        "test runs in flight).")
     test_timeout_s: float = Field(10.0, gt=0, description="Sandbox wall-clock limit for running HumanEval tests.")
     gate: GateConfig | None = Field(None, description="Promotion gate; None = no registry change.")
     output_dir: str = Field("runs/eval", description="Per-episode JSONL, summary JSON/markdown and PNG plots go here.")
@@ -135,7 +138,8 @@ def load_problem_set(cfg: ProblemSetConfig) -> list[Problem]:
 
 
 def build_judge(cfg: EvalConfig) -> Judge:
-    return rewards_build_judge(cfg.judge, cfg.judge_base_url, cfg.judge_model)
+    """The configured judge; LLM verdicts cached under <output_dir>/judge-cache (a re-run re-asks nothing)."""
+    return rewards_build_judge(cfg.judge, cfg.judge_base_url, cfg.judge_model, Path(cfg.output_dir) / "judge-cache")
 
 
 def rollout_config(cfg: EvalConfig) -> RolloutConfig:
@@ -165,7 +169,9 @@ def evaluate_model(label: str, uri: str, problem_sets: dict[str, list[Problem]],
                 for start in range(0, len(problems), chunk_size):
                     chunk = problems[start:start + chunk_size]
                     episodes = pool.rollout(chunk, list(range(start, start + len(chunk))), rollout, seed=cfg.seed * 7919)
-                    records += [episode_to_record(ep, label, set_label, judge, limits) for ep in episodes]
+                    with ThreadPoolExecutor(cfg.judge_concurrency, thread_name_prefix="eval-judge") as graders:
+                        records += graders.map(lambda ep: episode_to_record(ep, label, set_label, judge, limits),
+                                               episodes)
                     bar.update(len(chunk))
     finally:
         pool.shutdown()

@@ -31,10 +31,13 @@ Usage:
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from agents.tools.sandbox import SandboxLimits
@@ -157,14 +160,40 @@ def parse_judgement(reply: str) -> JudgeResult | None:
 class LLMJudge:
     """LLM-as-judge 0/1 (AFM web reward). `complete(messages) -> str` is any chat backend (an OpenAI-compatible
     client wrapped in a function, a Ray Serve handle, ...). Unparseable replies are retried `max_retries`
-    times, then counted incorrect with the last reply as rationale (a reward must always be produced)."""
+    times, then counted incorrect with the last reply as rationale (a reward must always be produced).
 
-    def __init__(self, complete: Callable[[list[dict[str, str]]], str], max_retries: int = 3):
+    `cache_dir`: every verdict is written there (one JSON file per (model, prompt), atomically), so a job that
+    crashed and resumes, or a step that is re-run, does not pay for the same judge call twice. Safe to call from
+    several threads (distinct files; a key judged twice at once is written twice, identically)."""
+
+    def __init__(self, complete: Callable[[list[dict[str, str]]], str], max_retries: int = 3,
+                 cache_dir: Path | None = None, model: str = ""):
         self.complete = complete
         self.max_retries = max_retries
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.model = model
 
     def judge(self, question: str, golden: list[str], prediction: str) -> JudgeResult:
         prompt = JUDGE_PROMPT.format(question=question, golden=" | ".join(golden), prediction=prediction)
+        cached = self._cache_path(prompt)
+        if cached is not None and cached.is_file():
+            data = json.loads(cached.read_text())
+            return JudgeResult(bool(data["correct"]), str(data["rationale"]))
+        result = self._ask(prompt)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_name(f".{cached.name}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps({"correct": result.correct, "rationale": result.rationale}))
+            os.replace(tmp, cached)
+        return result
+
+    def _cache_path(self, prompt: str) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        key = hashlib.sha256(f"{self.model}\n{prompt}".encode()).hexdigest()
+        return self.cache_dir / key[:2] / f"{key}.json"
+
+    def _ask(self, prompt: str) -> JudgeResult:
         reply = ""
         for _ in range(self.max_retries + 1):
             reply = self.complete([{"role": "user", "content": prompt}])
@@ -253,9 +282,9 @@ def _alternatives(value: Any) -> list[str] | None:
         return None
 
 
-def build_judge(kind: str, base_url: str, model: str) -> Judge:
+def build_judge(kind: str, base_url: str, model: str, cache_dir: Path | None = None) -> Judge:
     """The judge a config names: "normalized_match" (offline default) or "llm" (an OpenAI-compatible endpoint
-    answering the JSON judge prompt; key from OPENAI_API_KEY)."""
+    answering the JSON judge prompt; key from OPENAI_API_KEY; verdicts cached in `cache_dir` when given)."""
     if kind == "normalized_match":
         return NormalizedMatchJudge()
     if not (base_url and model):
@@ -268,4 +297,4 @@ def build_judge(kind: str, base_url: str, model: str) -> Judge:
         reply = client.chat.completions.create(model=model, messages=messages, temperature=0.0)
         return reply.choices[0].message.content or ""
 
-    return LLMJudge(complete)
+    return LLMJudge(complete, cache_dir=cache_dir, model=model)

@@ -137,7 +137,8 @@ def next_problems(problems: list[Problem], cursor: int, count: int, seed: int) -
 
 
 def build_judge(cfg: RLConfig) -> Judge:
-    return rewards_build_judge(cfg.judge, cfg.judge_base_url, cfg.judge_model)
+    """The configured judge; LLM verdicts cached under <output_dir>/judge-cache (a resumed run re-asks nothing)."""
+    return rewards_build_judge(cfg.judge, cfg.judge_base_url, cfg.judge_model, Path(cfg.output_dir) / "judge-cache")
 
 
 def answer_test_limits(toolbox_cfg: ToolboxConfig) -> SandboxLimits:

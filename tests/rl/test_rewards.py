@@ -144,3 +144,49 @@ def test_humaneval_answers_are_scored_by_their_test_cases():
     # the golden text alone never makes a code answer right: without tests there is nothing to grade against
     untested = score_response("humaneval", good, problem.answers, JUDGE)
     assert untested.score == 0.0 and untested.reason.startswith("no tests to run for family humaneval")
+
+
+def test_llm_judge_verdicts_survive_a_restart(tmp_path):
+    calls = []
+
+    def complete(messages):
+        calls.append(messages[0]["content"])
+        return '{"rationale": "same city", "judgement": "correct"}'
+
+    first = LLMJudge(complete, cache_dir=tmp_path, model="judge-72b").judge("Capital of France?", ["Paris"], "paris")
+    # a new judge object, as after a crash and resume: the same question is not asked again
+    again = LLMJudge(complete, cache_dir=tmp_path, model="judge-72b").judge("Capital of France?", ["Paris"], "paris")
+    assert first == again and first.correct and len(calls) == 1
+    LLMJudge(complete, cache_dir=tmp_path, model="judge-72b").judge("Capital of France?", ["Paris"], "Lyon")
+    LLMJudge(complete, cache_dir=tmp_path, model="other-judge").judge("Capital of France?", ["Paris"], "paris")
+    assert len(calls) == 3  # another prediction, another judge model: new calls
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_rl_scoring_runs_judge_calls_concurrently_and_bounded():
+    import threading
+    import time
+
+    from problems.records import Problem
+    from training.rl_rollout import Episode
+    from training.rl_trainer import RLConfig, score_episodes
+
+    in_flight, peak, lock = [0], [0], threading.Lock()
+
+    def complete(messages):
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.2)
+        with lock:
+            in_flight[0] -= 1
+        return '{"rationale": "", "judgement": "correct"}'
+
+    problem = Problem(id="q", question="Who?", answers=["Ada"], family="judge")
+    episodes = [Episode(problem, 0, k, [1], model_text=f"<answer>Ada {k}</answer>") for k in range(12)]
+    started = time.perf_counter()
+    scores = score_episodes(episodes, LLMJudge(complete), RLConfig(judge_concurrency=4))
+    elapsed = time.perf_counter() - started
+    assert peak[0] == 4  # the bound holds, and it is used
+    assert elapsed < 12 * 0.2 / 2  # 3 waves of 0.2 s, not 12 calls in a row
+    assert [s.correct for s in scores] == [1.0] * 12
