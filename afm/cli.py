@@ -181,7 +181,7 @@ def serve(
 @app.command()
 def lineage(model: str = typer.Argument(..., help="MLflow model URI, e.g. models:/afm-rl/3 or models:/afm-rl@champion.")) -> None:
     """Print a model version's lineage: RL run -> SFT run -> dataset sha."""
-    from evaluation.lineage import format_lineage, lineage as walk
+    from afm.lineage import format_lineage, lineage as walk
 
     _preflight()
     typer.echo(format_lineage(walk(model)))

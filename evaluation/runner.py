@@ -38,7 +38,7 @@ from agents.teacher.mas import TeacherConfig
 from agents.tools.sandbox import SandboxLimits
 from agents.tools.toolbox import ToolboxConfig
 from evaluation.grading import episode_to_record
-from evaluation.lineage import is_registry_uri, normalize_model_uri, resolve_registry_version
+from afm.lineage import is_registry_uri, normalize_model_uri, resolve_registry_version
 from evaluation.metrics import accuracy
 from evaluation.promotion import (
     CHAMPION, PromotionDecision, apply_promotion, current_champion_version, decide_promotion,

@@ -366,7 +366,7 @@ def train_rl(cfg: RLConfig) -> RLResult:
     from afm import tracking
     from afm.ray_local import init_local_ray
     from afm.storage import sha256_file
-    from evaluation.lineage import lineage_tags
+    from afm.lineage import lineage_tags
     from training.rl_pool import RolloutPool
     from training.sft_ray import move_policy, ray_storage
 

@@ -25,7 +25,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from afm import tracking
-from evaluation.lineage import lineage_tags
+from afm.lineage import lineage_tags
 from afm.storage import open_store, sha256_file
 from training.sft_data import dataset_identity, resolve_dataset
 

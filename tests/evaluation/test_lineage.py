@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from afm import tracking
-from evaluation.lineage import LineageError, format_lineage, lineage, lineage_tags, normalize_model_uri, parse_model_uri
+from afm.lineage import LineageError, format_lineage, lineage, lineage_tags, normalize_model_uri, parse_model_uri
 
 
 def test_parse_model_uri():
