@@ -142,7 +142,7 @@ class RolloutWorker:
         if version != self.version:
             raise StaleWeights(f"actor holds weights v{self.version}, the step needs v{version}")
         return run_rollouts(self.engine, self.tokenizer, self.toolbox, problems, rollout_cfg, seed=seed,
-                            )  # TEMP prompt_indices=indices)
+                            prompt_indices=indices)
 
     def sleep(self) -> None:
         """Free the engine's GPU memory until the next `load_weights` (level 1: weights offloaded to host, so a

@@ -32,6 +32,7 @@ Usage:
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -195,6 +196,14 @@ def append_tool_result(ep: Episode, tokenizer: PreTrainedTokenizerBase, cfg: Rol
     _append_observation(ep, tokenizer, result.text, observation_ids)
 
 
+def episode_seed(seed: int, ep: Episode, stream: str = "turn") -> int:
+    """The sampling seed of an episode's next turn (or its next simulated observation, `stream="observation"`):
+    a function of (seed, the problem's index in the step, the sample's index, the turn) only, so an episode
+    samples the same tokens whichever batch, rollout actor or chunk it runs in."""
+    key = f"{seed}/{ep.prompt_index}/{ep.sample_index}/{ep.turns}/{stream}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
 def simulate_observations(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
                           calls: Sequence[tuple[Episode, tuple[str, str]]], seed: int) -> None:
     """The policy writes each call's observation: one batched generation from each episode's sequence plus the
@@ -205,7 +214,8 @@ def simulate_observations(engine: GenerationEngine, tokenizer: PreTrainedTokeniz
     open_ids = tokenizer(OBSERVATION_OPEN, add_special_tokens=False)["input_ids"]  # our own text: trusted
     gens = engine.generate(
         [ep.prompt_ids + ep.response_ids + open_ids for ep, _ in calls], max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature, top_p=cfg.top_p, stop=(OBSERVATION_STOP,), seed=seed,
+        temperature=cfg.temperature, top_p=cfg.top_p, stop=(OBSERVATION_STOP,),
+        seed=[episode_seed(seed, ep, "observation") for ep, _ in calls],
     )
     for (ep, (tag, argument)), gen in zip(calls, gens):
         ep.tool_calls.append(ToolCall(tag, argument, "simulated", 0.0))
@@ -237,14 +247,19 @@ def run_rollouts(
     problems: Sequence[Problem],
     cfg: RolloutConfig,
     seed: int,
+    prompt_indices: Sequence[int] | None = None,
 ) -> list[Episode]:
     """Sample `cfg.group_size` episodes for each problem; returns them grouped (prompt-major order).
-    Deterministic for a given seed, model and batch composition."""
+    `prompt_indices`: the problems' indices in the whole step (default 0..n-1), kept as `Episode.prompt_index`.
+    Every episode's sampling is seeded by (seed, prompt index, sample index, turn) (`episode_seed`): the
+    episodes do not depend on which other problems share the call (up to float effects of batch shape)."""
+    indices = list(prompt_indices) if prompt_indices is not None else list(range(len(problems)))
+    if len(indices) != len(problems):
+        raise ValueError(f"{len(indices)} prompt_indices for {len(problems)} problems")
     episodes: list[Episode] = []
-    for p_index, problem in enumerate(problems):
+    for p_index, problem in zip(indices, problems):
         prompt_ids = encode_prompt(tokenizer, problem.question, cfg.system_prompt)
         episodes += [Episode(problem, p_index, s, list(prompt_ids)) for s in range(cfg.group_size)]
-    turn = 0
     with ThreadPoolExecutor(max_workers=cfg.tool_workers, thread_name_prefix="rollout-tools") as pool:
         while live := [ep for ep in episodes if not ep.status]:
             chunk = cfg.max_batch_size or len(live)
@@ -254,7 +269,7 @@ def run_rollouts(
                 gens = engine.generate(
                     [ep.prompt_ids + ep.response_ids for ep in batch],
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                    stop=STOP_STRINGS, seed=seed * 1_000_003 + turn * 1_009 + start,
+                    stop=STOP_STRINGS, seed=[episode_seed(seed, ep) for ep in batch],
                 )
                 generated = time.perf_counter()
                 # Only the tool calls run on the pool; tokenizer work stays on this thread. With encode and
@@ -262,9 +277,7 @@ def run_rollouts(
                 # fast tokenizer is not guaranteed thread-safe).
                 calls = [(ep, call) for ep, gen in zip(batch, gens) if (call := take_turn(ep, gen, tokenizer, cfg))]
                 if cfg.simulated_env:
-                    # a sampling stream apart from the policy turns' (`start + 1` would be the next chunk's seed)
-                    obs_seed = (seed * 1_000_003 + turn * 1_009 + start) ^ 0x5EED0B5
-                    simulate_observations(engine, tokenizer, cfg, calls, seed=obs_seed)
+                    simulate_observations(engine, tokenizer, cfg, calls, seed=seed)
                 else:
                     results = list(pool.map(lambda item: timed_tool_call(toolbox, *item[1]), calls))
                     for (ep, call), (result, seconds) in zip(calls, results):
@@ -274,7 +287,6 @@ def run_rollouts(
                 for ep in batch:
                     ep.generation_s += gen_share
                     ep.tool_s += tool_share
-            turn += 1
     if cfg.check_roundtrip:
         for ep in episodes:
             if ep.status == "answered" and ep.parse_ok:

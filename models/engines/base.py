@@ -44,9 +44,11 @@ class GenerationEngine(Protocol):
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop: Sequence[str] = STOP_STRINGS,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[Generation]:
-        """Complete each prompt until a stop string, eos or `max_new_tokens`; temperature 0 is greedy."""
+        """Complete each prompt until a stop string, eos or `max_new_tokens`; temperature 0 is greedy. `seed`: an
+        int seeds the call; a sequence gives one seed per prompt, and each prompt's sample then depends only on
+        its own seed (not on the batch it shares), which is what rollout pools of any size rely on."""
         ...
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

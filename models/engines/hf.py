@@ -27,9 +27,11 @@ from models.tokenizer import decode
 
 
 def sample_next_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float, top_p: float,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B], logprobs [B]) from last-position logits [B, V]; see the module docstring for the logprobs."""
+    """(tokens [B], logprobs [B]) from last-position logits [B, V]; see the module docstring for the logprobs.
+    `generator`: one for the batch, or one per row (each row's draw then depends on its own generator only)."""
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(dim=-1)
@@ -43,7 +45,10 @@ def sample_next_tokens(
             drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if isinstance(generator, (list, tuple)):
+            tokens = torch.cat([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generator)])
+        else:
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -70,20 +75,26 @@ class HFEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop: Sequence[str] = STOP_STRINGS,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[Generation]:
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        generator = None
+        generator: torch.Generator | list[torch.Generator] | None = None
         if seed is not None and temperature > 0:
-            generator = torch.Generator(device=self.model.device).manual_seed(seed)
+            if isinstance(seed, int):
+                generator = torch.Generator(device=self.model.device).manual_seed(seed)
+            else:
+                if len(seed) != len(prompts):
+                    raise ValueError(f"{len(seed)} seeds for {len(prompts)} prompts: pass one seed per prompt")
+                generator = [torch.Generator(device=self.model.device).manual_seed(s) for s in seed]
         was_training = self.model.training
         self.model.eval()
         try:
             out: list[Generation] = []
             for start in range(0, len(prompts), self.max_batch_size):
                 chunk = prompts[start:start + self.max_batch_size]
-                out += self._generate_batch(chunk, max_new_tokens, temperature, top_p, tuple(stop), generator)
+                gens = generator[start:start + self.max_batch_size] if isinstance(generator, list) else generator
+                out += self._generate_batch(chunk, max_new_tokens, temperature, top_p, tuple(stop), gens)
             return out
         finally:
             self.model.train(was_training)
@@ -103,7 +114,7 @@ class HFEngine:
         temperature: float,
         top_p: float,
         stop: tuple[str, ...],
-        generator: torch.Generator | None,
+        generator: torch.Generator | list[torch.Generator] | None,
     ) -> list[Generation]:
         device = self.model.device
         batch, width = len(prompts), max(len(p) for p in prompts)
@@ -128,7 +139,8 @@ class HFEngine:
         finish: list[tuple[str, str | None] | None] = [None] * batch
         active = list(range(batch))  # original row of each sequence still in the batch
         for _ in range(max_new_tokens):
-            tokens, token_logprobs = sample_next_tokens(logits, temperature, top_p, generator)
+            row_generator = [generator[row] for row in active] if isinstance(generator, list) else generator
+            tokens, token_logprobs = sample_next_tokens(logits, temperature, top_p, row_generator)
             for row, tok, lp in zip(active, tokens.tolist(), token_logprobs.tolist()):
                 token_ids[row].append(tok)
                 logprobs[row].append(lp)

@@ -1,6 +1,7 @@
 """HFEngine: equal to greedy `model.generate`, batch-invariant, stops where asked, logprobs of a forward pass."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from models.engines.hf import HFEngine, sample_next_tokens
@@ -123,3 +124,16 @@ def test_update_weights_changes_generation(tiny_model, memorized_model, tokenize
     after = engine.generate([prompt], max_new_tokens=5, temperature=0, stop=())[0].token_ids
     assert after == encode_segments(tokenizer, sample_trajectory(0).segments[:1]).input_ids[:5]
     assert before != after
+
+
+def test_per_prompt_seeds_make_a_sample_independent_of_its_batch(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    together = engine.generate(prompts, max_new_tokens=12, stop=(), seed=[101, 202, 303])
+    alone = [engine.generate([p], max_new_tokens=12, stop=(), seed=[s])[0] for p, s in zip(prompts, [101, 202, 303])]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    chunked = HFEngine(tiny_model, tokenizer, max_batch_size=2).generate(prompts, max_new_tokens=12, stop=(),
+                                                                         seed=[101, 202, 303])
+    assert [g.token_ids for g in chunked] == [g.token_ids for g in together]
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        engine.generate(prompts, max_new_tokens=2, seed=[1, 2])

@@ -131,3 +131,19 @@ def test_a_killed_learner_resumes_from_the_last_checkpoint(ray_cluster, sft_poli
     b, _ = load_policy(resumed.model_dir)
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def test_two_rollout_actors_and_two_learners_give_the_parameters_of_one_and_one(
+        ray_cluster, sft_policy_dir, addition_problems_path, tmp_path):
+    cache = tmp_path / "tool-cache"  # the same programs give the same observations in both runs
+    small = train_rl(rl_cfg(sft_policy_dir, addition_problems_path, tmp_path / "one", cache, steps=1))
+    wide = train_rl(rl_cfg(sft_policy_dir, addition_problems_path, tmp_path / "two", cache, steps=1, num_learners=2,
+                           pool=PoolConfig(rollout_workers=2)))
+    assert small.history[0]["groups_kept"] >= 1
+    for key in ("reward_mean", "groups_sampled", "response_tokens_mean"):
+        assert wide.history[0][key] == small.history[0][key], key  # the same episodes
+    a, _ = load_policy(small.model_dir)
+    b, _ = load_policy(wide.model_dir)
+    # Tolerance: the same gradient sums in another order (two ranks' partial sums, gloo's all-reduce), fp32.
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(q, p, atol=2e-6, rtol=1e-5, msg=name)

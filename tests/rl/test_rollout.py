@@ -163,3 +163,20 @@ def test_a_turns_tool_calls_run_concurrently_and_change_no_episode(policy, code_
     assert [[(c.tag, c.argument, c.status) for c in e.tool_calls] for e in serial] == \
            [[(c.tag, c.argument, c.status) for c in e.tool_calls] for e in parallel]
     assert sum(len(e.tool_calls) for e in parallel) > 1
+
+
+def test_an_episode_samples_the_same_whatever_else_shares_its_call(policy, tmp_path):
+    # A rollout pool splits a step's problems among actors; each episode is seeded by (seed, its problem's
+    # index in the step, its sample index, turn), so the split changes nothing (temperature 1, real tools).
+    model, tok = policy
+    toolbox = build_toolbox(ToolboxConfig(tools=["code"], code_timeout_s=5, cache_dir=tmp_path / "cache"))
+    cfg = RolloutConfig(group_size=3, max_turns=3, max_new_tokens=40, token_budget=200, temperature=1.0)
+    problems = [addition_problem(a, b) for a, b in [(2, 3), (4, 4), (7, 1), (5, 6)]]
+    whole = run_rollouts(HFEngine(model, tok), tok, toolbox, problems, cfg, seed=11)
+    halves = (run_rollouts(HFEngine(model, tok), tok, toolbox, problems[:2], cfg, seed=11, prompt_indices=[0, 1])
+              + run_rollouts(HFEngine(model, tok), tok, toolbox, problems[2:], cfg, seed=11, prompt_indices=[2, 3]))
+    assert [(e.prompt_index, e.sample_index) for e in halves] == [(e.prompt_index, e.sample_index) for e in whole]
+    assert [e.response_ids for e in halves] == [e.response_ids for e in whole]
+    assert len({tuple(e.response_ids) for e in whole}) > 1  # really sampled, not greedy
+    other_seed = run_rollouts(HFEngine(model, tok), tok, toolbox, problems, cfg, seed=12)
+    assert [e.response_ids for e in other_seed] != [e.response_ids for e in whole]
