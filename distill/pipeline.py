@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import Field
 
 from afm.config import Config, load_config
+from afm.storage import open_store, sha256_file
 from agents.teacher.mas import TeacherConfig
 from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
 from agents.tools.toolbox import ToolboxConfig
@@ -99,7 +100,19 @@ def build_problems(cfg: DistillConfig) -> tuple[list, list[Problem], list[Proble
     return worlds, sft, [p for p in rl if p.question not in sft_questions]
 
 
-def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
+def publish_corpus(corpus_path: Path, store_uri: str) -> str:
+    """Upload the corpus to the artifact store as `corpora/<sha16>` (once per content) and return the file's URI,
+    so rollout actors on other nodes read it from the store (ToolboxConfig.corpus_uri) instead of a driver path."""
+    store = open_store(store_uri)
+    name = f"corpora/{sha256_file(corpus_path)[:16]}"
+    if store.read_manifest(name) is None:
+        store.write_artifact(name, {"corpus.jsonl": corpus_path}, kind="corpus")
+    return f"{store.uri}/{name}/corpus.jsonl"
+
+
+def distill_dataset(cfg: DistillConfig, out_dir: Path, store_uri: str = "") -> DistillResult:
+    """The whole stage into `out_dir`. With `store_uri`, the corpus is also published to that artifact store
+    before the rollouts start (actors off this node load the search index from there)."""
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     worlds, problems, rl_candidates = build_problems(cfg)
@@ -113,9 +126,11 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path) -> DistillResult:
             f.write(json.dumps(doc, ensure_ascii=False) + "\n")
     pages = {path: page for w in worlds + heldout_worlds for path, page in world_html(w).items()}
 
-    with MiniWeb(pages) as web:
+    corpus_uri = publish_corpus(corpus_path, store_uri) if store_uri else cfg.toolbox.corpus_uri
+    with MiniWeb(pages, host=cfg.toolbox.miniweb_bind, advertise_host=cfg.toolbox.miniweb_advertise) as web:
         toolbox_cfg = cfg.toolbox.model_copy(update={
-            "corpus_path": corpus_path, "crawl_resolve": {**cfg.toolbox.crawl_resolve, "miniweb.local": web.address},
+            "corpus_path": corpus_path, "corpus_uri": corpus_uri,
+            "crawl_resolve": {**cfg.toolbox.crawl_resolve, "miniweb.local": web.address},
             "cache_dir": cfg.toolbox.cache_dir or out_dir / "tool_cache",
         })
         rollout = run_rollouts(problems, cfg.teacher, toolbox_cfg, cfg.rollout, out_dir / "rollouts")

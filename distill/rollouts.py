@@ -8,7 +8,9 @@ worker's retries go to `failures.jsonl` (not a shard), so a re-run tries them ag
 
 Tools: each actor builds its own ToolBox. The mini-web for crawl_page is ONE server the caller starts (the
 driver process) and names in `toolbox_cfg.crawl_resolve`; actors on this machine reach it over 127.0.0.1.
-On a multi-node cluster (RAY_ADDRESS) serve the pages on every node at the same port instead.
+On a multi-node cluster (RAY_ADDRESS) set `toolbox.miniweb_bind: 0.0.0.0` so actors on other nodes reach it at
+the driver's IP, and the search index comes from `toolbox_cfg.corpus_uri` (the artifact store) where the
+driver's corpus_path does not exist (distill_dataset publishes the corpus there when given a store).
 
 Usage:
     result = run_rollouts(problems, TeacherConfig(), toolbox_cfg, RolloutConfig(num_actors=2), Path("out/rollouts"))

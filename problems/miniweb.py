@@ -1,8 +1,9 @@
 """The mini-web: a local HTTP server for the generated world's pages (`/wiki/<Slug>`), so crawl_page does real HTTP.
 
 Pages use the stable host `miniweb.local` in their URLs; the crawl tool maps that host to this server's real
-`127.0.0.1:PORT`. Only GET/HEAD of known paths are served; anything else is 404. It binds 127.0.0.1 only and is
-not hardened for untrusted networks (no TLS, no rate limits).
+`HOST:PORT`. Only GET/HEAD of known paths are served; anything else is 404. It binds 127.0.0.1 by default
+(`ToolboxConfig.miniweb_bind`: 0.0.0.0 or a node IP lets actors on other nodes of a cluster crawl it) and is
+not hardened for untrusted networks (no TLS, no rate limits): keep a non-loopback bind on a private network.
 
 Usage:
     with MiniWeb(world_html(world)) as web:          # port 0: the OS picks a free port
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import socket
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,12 +46,25 @@ def corpus_pages(path: str | Path) -> dict[str, str]:
     return pages
 
 
-class MiniWeb:
-    """A ThreadingHTTPServer on 127.0.0.1 serving `pages` (`{"/wiki/<Slug>": html}`); a context manager."""
+def advertised_host(bind: str, advertise: str = "") -> str:
+    """The host other processes put in crawl_resolve: `advertise`, else `bind`, else (a wildcard bind) this
+    host's IP as its name resolves (in a Kubernetes pod: the pod IP)."""
+    if advertise:
+        return advertise
+    if bind not in ("", "0.0.0.0", "::"):
+        return bind
+    return socket.gethostbyname(socket.gethostname())
 
-    def __init__(self, pages: dict[str, str], port: int = 0):
+
+class MiniWeb:
+    """A ThreadingHTTPServer on `host` (default 127.0.0.1) serving `pages` (`{"/wiki/<Slug>": html}`); a context
+    manager. `address` is `advertise_host:port` (see `advertised_host`)."""
+
+    def __init__(self, pages: dict[str, str], port: int = 0, host: str = "127.0.0.1", advertise_host: str = ""):
         self.pages = dict(pages)
         self.port = port
+        self.host = host
+        self.advertise_host = advertise_host
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -57,7 +72,7 @@ class MiniWeb:
     def address(self) -> str:
         if self._server is None:
             raise RuntimeError("MiniWeb is not started; call start() or use it as a context manager")
-        return f"127.0.0.1:{self._server.server_address[1]}"
+        return f"{advertised_host(self.host, self.advertise_host)}:{self._server.server_address[1]}"
 
     def start(self) -> "MiniWeb":
         pages = self.pages
@@ -83,7 +98,7 @@ class MiniWeb:
             def log_message(self, format: str, *args) -> None:  # keep rollout logs quiet
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="miniweb", daemon=True)
         self._thread.start()
@@ -104,11 +119,12 @@ class MiniWeb:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve a corpus JSONL's pages at /wiki/<Slug> on 127.0.0.1.")
+    parser = argparse.ArgumentParser(description="Serve a corpus JSONL's pages at /wiki/<Slug>.")
     parser.add_argument("--corpus", required=True, help="corpus JSONL written by problems.world.world_corpus")
-    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--port", type=int, default=0, help="port (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: reachable from other nodes)")
     args = parser.parse_args(argv)
-    web = MiniWeb(corpus_pages(args.corpus), port=args.port).start()
+    web = MiniWeb(corpus_pages(args.corpus), port=args.port, host=args.host).start()
     print(f"serving {len(web.pages)} pages at http://{web.address}/wiki/", flush=True)
     try:
         threading.Event().wait()
@@ -121,12 +137,14 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def serve_corpus(toolbox_cfg, corpus_path: str | Path):
-    """Start a mini-web over `corpus_path` and yield `toolbox_cfg` pointed at it (search index = the corpus,
-    `miniweb.local` resolved to the server's port). Used wherever tools run outside distillation (RL, eval,
-    serving)."""
-    with MiniWeb(corpus_pages(corpus_path)) as web:
+def serve_corpus(toolbox_cfg, corpus_path: str | Path, corpus_uri: str = ""):
+    """Start a mini-web over `corpus_path` (on `toolbox_cfg.miniweb_bind`) and yield `toolbox_cfg` pointed at it
+    (search index = the corpus, `miniweb.local` resolved to the server's advertised address). `corpus_uri`, the
+    same file in the artifact store, lets tool actors on other nodes load the index from there. Used wherever
+    tools run outside distillation (RL, eval, serving)."""
+    with MiniWeb(corpus_pages(corpus_path), host=toolbox_cfg.miniweb_bind,
+                 advertise_host=toolbox_cfg.miniweb_advertise) as web:
         yield toolbox_cfg.model_copy(update={
-            "corpus_path": Path(corpus_path),
+            "corpus_path": Path(corpus_path), "corpus_uri": corpus_uri or toolbox_cfg.corpus_uri,
             "crawl_resolve": {**toolbox_cfg.crawl_resolve, "miniweb.local": web.address},
         })

@@ -13,7 +13,7 @@ from prefect.artifacts import create_table_artifact
 
 from afm import tracking
 from distill.pipeline import DistillConfig, distill_dataset
-from tasks.stages import retry_on_transient, run_stage, stage_key
+from tasks.stages import default_store_uri, retry_on_transient, run_stage, stage_key
 
 
 def filter_table(report: list[dict]) -> list[dict]:
@@ -33,7 +33,7 @@ def distill_task(cfg: DistillConfig, store_uri: str = "") -> dict:
     key = stage_key("distill", cfg)
 
     def produce(work_dir: Path):
-        result = distill_dataset(cfg, work_dir)
+        result = distill_dataset(cfg, work_dir, store_uri=store_uri or default_store_uri())
         files = {"train.jsonl": result.sft_path, "rl_problems.jsonl": result.rl_problems_path,
                  "corpus.jsonl": result.corpus_path, "report.json": work_dir / "report.json",
                  "eval_heldout.jsonl": work_dir / "eval_heldout.jsonl", "eval_train.jsonl": work_dir / "eval_train.jsonl"}

@@ -36,7 +36,7 @@ def evaluate_task(cfg: EvalConfig, dataset: dict, store_uri: str = "") -> dict:
     def produce(work_dir: Path):
         data = fetch(dataset["uri"], work_dir / "dataset")
         sets = resolve_dataset_sources(cfg.problem_sets, data)
-        with serve_corpus(cfg.toolbox, data / "corpus.jsonl") as toolbox:
+        with serve_corpus(cfg.toolbox, data / "corpus.jsonl", corpus_uri=f"{dataset['uri']}/corpus.jsonl") as toolbox:
             result = evaluate(cfg.model_copy(update={"problem_sets": sets, "toolbox": toolbox,
                                                      "output_dir": str(work_dir / "report")}))
         decision = None

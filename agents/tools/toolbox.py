@@ -22,6 +22,7 @@ from typing import Callable, Literal
 from pydantic import Field
 
 from afm.config import Config
+from afm.storage import MANIFEST_NAME, open_store, sha256_file
 from agents.tools.base import Tool, ToolResult
 from agents.tools.code import CodeTool
 from agents.tools.crawl import CrawlPage
@@ -79,6 +80,9 @@ class ToolboxConfig(Config):
     tools: list[Literal["web_search", "wiki_search", "crawl_page", "code"]] = Field(
         default_factory=lambda: ["web_search", "crawl_page", "code"], description="Tool tags to enable")
     corpus_path: Path | None = Field(None, description="JSONL {id,title,url,text} for the local search backend")
+    corpus_uri: str = Field("", description="The same corpus in the artifact store (s3://bucket/.../corpus.jsonl, "
+                                            "file:///... or a path): read from there when corpus_path is not on "
+                                            "this node (a Ray actor on another node). Empty: corpus_path only")
     search_top_k: int = Field(3, description="Results per search (AFM uses 10; the tiny corpus wants ~3)")
     snippet_chars: int = Field(200, description="Snippet length per search result")
     web_search_backend: Literal["local", "serper", "searxng"] = Field("local", description="Backend of web_search")
@@ -88,6 +92,13 @@ class ToolboxConfig(Config):
                                          description="Hosts crawl_page may fetch (private addresses allowed for them)")
     crawl_resolve: dict[str, str] = Field(default_factory=dict,
                                           description='host -> "127.0.0.1:PORT" where it is served (like curl --resolve)')
+    miniweb_bind: str = Field("127.0.0.1", description="Address the mini-web (problems/miniweb.py) listens on. "
+                                                        "127.0.0.1: actors on this node only; 0.0.0.0 or this "
+                                                        "node's IP: actors on other nodes too (cluster; no TLS/auth, "
+                                                        "keep it on a private network)")
+    miniweb_advertise: str = Field("", description="Host or IP other nodes use to reach the mini-web (written into "
+                                                   "crawl_resolve). Empty: miniweb_bind, or this host's IP "
+                                                   "(gethostbyname(gethostname())) when binding 0.0.0.0")
     crawl_allow_public: bool = Field(False, description="Also fetch non-allowlisted hosts with public addresses")
     crawl_max_bytes: int = Field(2_000_000, description="Body size cap per page (status truncated beyond)")
     crawl_timeout_s: float = Field(10.0, description="Whole-fetch time limit per URL, redirects included")
@@ -98,6 +109,43 @@ class ToolboxConfig(Config):
     cache_dir: Path | None = Field(None, description="Directory for the on-disk result cache; None = no cache")
 
 
+def fetch_corpus(uri: str, cache_root: Path | None = None) -> Path:
+    """A local copy of the corpus file at store URI `uri` (`s3://bucket/prefix/corpus.jsonl`, `file:///...`, a
+    path), downloaded once per node under `cache_root` (default: the temp dir) and reused. When the file's
+    directory is an artifact with a manifest, the copy is checked against the manifest's sha256."""
+    root, _, name = uri.rstrip("/").rpartition("/")
+    if not root or not name:
+        raise ValueError(f"corpus_uri {uri!r}: expected <store URI>/<file>, e.g. s3://afm/artifacts/stages/"
+                         "distill-<key>/corpus.jsonl")
+    store = open_store(root)
+    cache_root = cache_root or Path(tempfile.gettempdir()) / "afm-corpus"
+    target = cache_root / hashlib.sha256(uri.encode()).hexdigest()[:16] / name
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
+    store.download_file(name, tmp)
+    manifest = json.loads(store.get_bytes(MANIFEST_NAME)) if store.exists(MANIFEST_NAME) else {}
+    expected = manifest.get("files", {}).get(name)
+    if expected and sha256_file(tmp) != expected["sha256"]:
+        tmp.unlink()
+        raise ValueError(f"corpus_uri {uri!r}: the downloaded file does not match its manifest's sha256")
+    os.replace(tmp, target)  # several actors on one node may race here: each rename is atomic
+    return target
+
+
+def load_corpus(cfg: ToolboxConfig) -> list[dict]:
+    """The search corpus: `corpus_path` when this node has it, else `corpus_uri` read from the artifact store."""
+    if cfg.corpus_path is not None and Path(cfg.corpus_path).is_file():
+        return read_corpus(Path(cfg.corpus_path))
+    if cfg.corpus_uri:
+        return read_corpus(fetch_corpus(cfg.corpus_uri))
+    if cfg.corpus_path is not None:
+        raise ValueError(f"ToolboxConfig: corpus_path {str(cfg.corpus_path)!r} is not on this node and corpus_uri is "
+                         "empty; set corpus_uri to the corpus in the artifact store (s3://.../corpus.jsonl)")
+    raise ValueError("ToolboxConfig: field 'corpus_path' (or 'corpus_uri') is required for the local search backend")
+
+
 def build_toolbox(cfg: ToolboxConfig,
                   summarize: Callable[[str, str], str] | None = None) -> ToolBox:
     """Build the enabled tools from `cfg`; `summarize` is passed to crawl_page (see crawl.py)."""
@@ -105,9 +153,7 @@ def build_toolbox(cfg: ToolboxConfig,
     corpus = None
     if "web_search" in cfg.tools or "wiki_search" in cfg.tools:
         if cfg.web_search_backend == "local" or "wiki_search" in cfg.tools:
-            if cfg.corpus_path is None:
-                raise ValueError("ToolboxConfig: field 'corpus_path' is required for the local search backend")
-            corpus = read_corpus(cfg.corpus_path)
+            corpus = load_corpus(cfg)
     if "web_search" in cfg.tools:
         if cfg.web_search_backend == "local":
             tools["web_search"] = BM25Search(corpus, cfg.search_top_k, cfg.snippet_chars, name="web_search")
@@ -128,6 +174,8 @@ def build_toolbox(cfg: ToolboxConfig,
         limits = SandboxLimits(timeout_s=cfg.code_timeout_s, cpu_s=int(cfg.code_timeout_s) + 1,
                                memory_mb=cfg.code_memory_mb)
         tools["code"] = CodeTool(limits, max_output_chars=cfg.code_max_output_chars)
-    # crawl_resolve ports change per run, but the pages behind stable URLs do not: keep them out of the key
-    fingerprint = cfg.model_dump_json(exclude={"cache_dir", "crawl_resolve"})
+    # crawl_resolve ports change per run, but the pages behind stable URLs do not: keep them out of the key (so
+    # are where the corpus and mini-web live: the same corpus gives the same results)
+    fingerprint = cfg.model_dump_json(exclude={"cache_dir", "crawl_resolve", "corpus_uri", "miniweb_bind",
+                                               "miniweb_advertise"})
     return ToolBox(tools, cfg.cache_dir, config_fingerprint=fingerprint)
