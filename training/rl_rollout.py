@@ -7,12 +7,17 @@ tags around untrusted tool text) are appended with loss mask 0; repeat until an 
 the response token budget. The training sequence is exactly prompt + generated ids + inserted observation
 ids — text is never re-tokenized — with the sampler's logprob for every generated token.
 
-Batching: every live episode of every prompt generates together in one `engine.generate` call per turn
-(`max_batch_size` splits it when memory is tight; 1 gives naive one-at-a-time generation for benchmarks).
-That turn's tool calls then run concurrently on `tool_workers` threads: sandboxed programs and crawls wait on
-subprocesses and sockets, and a looping student program costs its timeout once per turn, not once per call.
-Concurrent sandboxes share the sandbox user's process limit: a fork bomb in one call can make another call of
-the same turn fail to start; that call returns a tool error like any other.
+Batching: episodes generate together in one `engine.generate` call (`max_batch_size` splits it when memory is
+tight; 1 gives naive one-at-a-time generation for benchmarks), and their tool calls run concurrently on
+`tool_workers` threads: sandboxed programs and crawls wait on subprocesses and sockets, and a looping student
+program costs its timeout once, not once per call in a row. With `async_turns` (default) there is no per-turn
+barrier: an episode whose tool call returned generates again with the other ready episodes while slow calls
+still run (`_run_async_turns`); without it, every turn waits for its slowest call (`_run_barrier_turns`; also
+the simulated environment, which has no tool to wait for). Sampling is seeded per episode and turn
+(`episode_seed`), so both schedules give the same episodes, and so does any split of a step's problems among
+rollout actors (`prompt_indices`: the problems' indices in the step). Concurrent sandboxes share the sandbox
+user's process limit: a fork bomb in one call can make another concurrent call fail to start; that call returns
+a tool error like any other.
 
 Simulated environment (AutoCoA's RL stage 1, `simulated_env=True`): no tool runs. When the policy closes a
 tool call, the SAME engine continues the sequence after the observation's open tag and writes the observation
@@ -28,13 +33,14 @@ score) holds generated text only. This does NOT stop a page from persuading the 
 Usage:
     episodes = run_rollouts(engine, tokenizer, toolbox, problems, RolloutConfig(group_size=4), seed=0)
     imagined = run_rollouts(engine, tokenizer, toolbox, problems, RolloutConfig(simulated_env=True), seed=0)
+    actor_share = run_rollouts(engine, tokenizer, toolbox, problems[4:8], cfg, seed=0, prompt_indices=range(4, 8))
     episodes[0].response_ids, episodes[0].loss_mask, episodes[0].status
 """
 from __future__ import annotations
 
 import hashlib
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -72,9 +78,11 @@ class RolloutConfig(Config):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_batch_size: int = Field(0, ge=0, description="Most sequences per generate call; 0 = all live episodes at once.")
     system_prompt: str | None = Field(None, description="System prompt; must be the one the policy was SFT'd with.")
-    tool_workers: int = Field(4, ge=1, description="Threads running one turn's tool calls concurrently (1: in order).")
+    tool_workers: int = Field(4, ge=1, description="Threads running tool calls concurrently (1: one at a time).")
     check_roundtrip: bool = Field(False, description="Strict mode: raise if an answered episode's ids differ from re-tokenizing its text "
                                                      "(not for simulated_env: imagined observations are generated ids, not tokenized text).")
+    async_turns: bool = Field(True, description="Each episode goes on as soon as its own tool call returns (no per-turn "
+                                                "barrier waiting for the slowest call); False: every turn waits for all.")
     simulated_env: bool = Field(False, description="AutoCoA's simulated environment: no tool runs; the policy writes each observation "
                                                    "itself (up to </observation>, at most max_new_tokens), masked out of loss and advantages.")
 
@@ -105,7 +113,8 @@ class Episode:
     turns: int = 0
     status: str = ""  # one of STATUSES once finished
     generation_s: float = 0.0  # this episode's share of batched generation time
-    tool_s: float = 0.0  # this episode's share of the turns' tool-phase wall time (tools run concurrently)
+    tool_s: float = 0.0  # this episode's share of the wall time spent waiting on tool calls (tools run concurrently;
+    # barrier: the turns' tool phases; async_turns: time blocked with no episode ready, split among the waiting)
     parse_ok: bool = True  # every generated turn parsed as CoA segments
     pieces: list[str] = field(default_factory=list, repr=False)  # decoded turns and observations, in order
 
@@ -261,37 +270,104 @@ def run_rollouts(
         prompt_ids = encode_prompt(tokenizer, problem.question, cfg.system_prompt)
         episodes += [Episode(problem, p_index, s, list(prompt_ids)) for s in range(cfg.group_size)]
     with ThreadPoolExecutor(max_workers=cfg.tool_workers, thread_name_prefix="rollout-tools") as pool:
-        while live := [ep for ep in episodes if not ep.status]:
-            chunk = cfg.max_batch_size or len(live)
-            for start in range(0, len(live), chunk):
-                batch = live[start:start + chunk]
-                started = time.perf_counter()
-                gens = engine.generate(
-                    [ep.prompt_ids + ep.response_ids for ep in batch],
-                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                    stop=STOP_STRINGS, seed=[episode_seed(seed, ep) for ep in batch],
-                )
-                generated = time.perf_counter()
-                # Only the tool calls run on the pool; tokenizer work stays on this thread. With encode and
-                # decode on the pool too, the full test suite saw episodes differ from a serial run (a shared
-                # fast tokenizer is not guaranteed thread-safe).
-                calls = [(ep, call) for ep, gen in zip(batch, gens) if (call := take_turn(ep, gen, tokenizer, cfg))]
-                if cfg.simulated_env:
-                    simulate_observations(engine, tokenizer, cfg, calls, seed=seed)
-                else:
-                    results = list(pool.map(lambda item: timed_tool_call(toolbox, *item[1]), calls))
-                    for (ep, call), (result, seconds) in zip(calls, results):
-                        append_tool_result(ep, tokenizer, cfg, *call, result, seconds)
-                gen_share = (generated - started) / len(batch)
-                tool_share = (time.perf_counter() - generated) / len(batch)
-                for ep in batch:
-                    ep.generation_s += gen_share
-                    ep.tool_s += tool_share
+        if cfg.async_turns and not cfg.simulated_env:
+            _run_async_turns(engine, tokenizer, toolbox, episodes, cfg, seed, pool)
+        else:
+            _run_barrier_turns(engine, tokenizer, toolbox, episodes, cfg, seed, pool)
     if cfg.check_roundtrip:
         for ep in episodes:
             if ep.status == "answered" and ep.parse_ok:
                 check_token_roundtrip(tokenizer, ep.prompt_ids, ep.response_ids, ep.segments)
     return episodes
+
+
+def _generate_turn(engine: GenerationEngine, batch: Sequence[Episode], cfg: RolloutConfig, seed: int) -> list[Generation]:
+    """One batched generation of the next turn of `batch`, each episode with its own seed for this turn."""
+    return engine.generate(
+        [ep.prompt_ids + ep.response_ids for ep in batch],
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        stop=STOP_STRINGS, seed=[episode_seed(seed, ep) for ep in batch],
+    )
+
+
+def _run_barrier_turns(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, toolbox: ToolCaller,
+                       episodes: list[Episode], cfg: RolloutConfig, seed: int, pool: ThreadPoolExecutor) -> None:
+    """The per-turn barrier (`async_turns=False`, and every simulated-env rollout): each turn, all live episodes
+    generate (in `max_batch_size` chunks), then that chunk's tool calls run concurrently and the next turn
+    waits for the slowest of them. `tool_s`: each episode's share of the chunk's tool-phase wall time."""
+    while live := [ep for ep in episodes if not ep.status]:
+        chunk = cfg.max_batch_size or len(live)
+        for start in range(0, len(live), chunk):
+            batch = live[start:start + chunk]
+            started = time.perf_counter()
+            gens = _generate_turn(engine, batch, cfg, seed)
+            generated = time.perf_counter()
+            # Only the tool calls run on the pool; tokenizer work stays on this thread. With encode and
+            # decode on the pool too, the full test suite saw episodes differ from a serial run (a shared
+            # fast tokenizer is not guaranteed thread-safe).
+            calls = [(ep, call) for ep, gen in zip(batch, gens) if (call := take_turn(ep, gen, tokenizer, cfg))]
+            if cfg.simulated_env:
+                simulate_observations(engine, tokenizer, cfg, calls, seed=seed)
+            else:
+                results = list(pool.map(lambda item: timed_tool_call(toolbox, *item[1]), calls))
+                for (ep, call), (result, seconds) in zip(calls, results):
+                    append_tool_result(ep, tokenizer, cfg, *call, result, seconds)
+            gen_share = (generated - started) / len(batch)
+            tool_share = (time.perf_counter() - generated) / len(batch)
+            for ep in batch:
+                ep.generation_s += gen_share
+                ep.tool_s += tool_share
+
+
+# How long ready episodes may wait for more tool calls to return before they generate without them: a batch of
+# one per returning call would lose batching (the rollout's speed on CPU), a long wait would be a barrier again.
+ASYNC_BATCH_WAIT_S = 0.05
+
+
+def _run_async_turns(engine: GenerationEngine, tokenizer: PreTrainedTokenizerBase, toolbox: ToolCaller,
+                     episodes: list[Episode], cfg: RolloutConfig, seed: int, pool: ThreadPoolExecutor) -> None:
+    """Run `episodes` to the end without a per-turn barrier (`async_turns`): whichever episodes are ready (new,
+    or their tool call returned) generate together, at most `max_batch_size` per call, while the other
+    episodes' tool calls still run on `pool`; their calls are submitted as futures, and when no episode is
+    ready the loop blocks until at least one call returns (FIRST_COMPLETED). Ready episodes generate at once
+    when they fill a batch or are at least as many as the calls still running, else after waiting at most
+    ASYNC_BATCH_WAIT_S for more calls to return. Sampling is seeded per episode and turn, so the episodes are
+    those of the barrier loop; only the order of work differs. Tokenizer work stays on this thread (only
+    `toolbox.call` runs on the pool). `tool_s`: the wall time this loop was blocked on tool calls, split among
+    the episodes whose calls were running, so the rollout's generation_s + tool_s still sum to about its wall
+    time, as with the barrier; each call's own duration is `ToolCall.seconds`."""
+    ready: list[Episode] = list(episodes)
+    pending: dict[Future, tuple[Episode, tuple[str, str]]] = {}
+    ready_since = time.perf_counter()
+    while ready or pending:
+        chunk = cfg.max_batch_size or len(ready) or 1
+        waited = time.perf_counter() - ready_since
+        if ready and (len(ready) >= min(chunk, len(pending)) or waited >= ASYNC_BATCH_WAIT_S):
+            batch, ready = ready[:chunk], ready[chunk:]
+            started = time.perf_counter()
+            gens = _generate_turn(engine, batch, cfg, seed)
+            share = (time.perf_counter() - started) / len(batch)
+            for ep, gen in zip(batch, gens):
+                ep.generation_s += share
+                if call := take_turn(ep, gen, tokenizer, cfg):
+                    pending[pool.submit(timed_tool_call, toolbox, *call)] = (ep, call)
+            if not ready:
+                ready_since = time.perf_counter()
+            continue
+        blocked = time.perf_counter()
+        timeout = max(ASYNC_BATCH_WAIT_S - waited, 0.0) if ready else None
+        done, _ = wait(list(pending), timeout=timeout, return_when=FIRST_COMPLETED)
+        share = (time.perf_counter() - blocked) / len(pending)
+        for ep, _call in pending.values():
+            ep.tool_s += share
+        for future in done:
+            ep, call = pending.pop(future)
+            result, seconds = future.result()
+            append_tool_result(ep, tokenizer, cfg, *call, result, seconds)
+            if not ep.status:
+                if not ready:
+                    ready_since = time.perf_counter()
+                ready.append(ep)
 
 
 @dataclass
