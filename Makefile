@@ -25,15 +25,16 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/afm pipeline --config $(CONFIG)
 
-# The Ray Train test runs in its own process: Ray Train's controller actor is cancelled when earlier tests
-# in the same process already started and shut down Ray sessions (seen with ray 2.60).
-RAY_TRAIN_TESTS := tests/sft/test_sft_ray.py
+# Ray Train tests (SFT, and RL whose learner group is Ray Train) run one file per process: Ray Train's
+# controller actor, and actors created after it, are cancelled when earlier tests in the same process already
+# started and shut down Ray sessions (seen with ray 2.60).
+RAY_TRAIN_TESTS := tests/sft/test_sft_ray.py tests/rl/test_trainer.py tests/rl/test_rl_distributed.py
 
 # -X faulthandler: a crash anywhere, also after pytest has finished (interpreter exit), prints every thread's
 # Python stack instead of a bare "Segmentation fault" (see afm/hard_exit.py).
 test: $(STAMP)
-	$(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=$(RAY_TRAIN_TESTS)
-	$(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider $(RAY_TRAIN_TESTS)
+	$(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider $(addprefix --ignore=,$(RAY_TRAIN_TESTS))
+	for t in $(RAY_TRAIN_TESTS); do $(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider $$t || exit 1; done
 
 test-fast: $(STAMP)
 	$(BIN)/python -X faulthandler -m pytest -m "not gpu and not integration and not slow" -q -p no:cacheprovider
