@@ -49,12 +49,16 @@ def _load(cls, config: Optional[Path], overrides: Optional[list[str]]):
         raise typer.Exit(2) from None
 
 
-def _preflight(store_uri: str = "", paths: Optional[dict[str, str]] = None, trajectory_files: tuple[str, ...] = ()) -> None:
-    """Exit 1 within seconds when a configured server is down or a local input is missing or malformed,
-    instead of failing minutes later inside a Ray worker (see afm/preflight.py for what is checked)."""
-    from afm.preflight import check_endpoints, check_local_inputs
+def _preflight(store_uri: str = "", paths: Optional[dict[str, str]] = None, trajectory_files: tuple[str, ...] = (),
+               cfg=None) -> None:
+    """Exit 1 within seconds when a configured server is down, a local input is missing or malformed, or the
+    recipe `cfg` asks for more GPUs than there are, for vLLM where it does not import, or for a teacher/judge
+    endpoint that does not answer: instead of failing minutes later inside a Ray worker (afm/preflight.py)."""
+    from afm.preflight import check_cluster, check_endpoints, check_local_inputs
 
     problems = check_endpoints(store_uri) + check_local_inputs(paths or {}, trajectory_files)
+    if cfg is not None:
+        problems += check_cluster(cfg)
     if problems:
         typer.secho("preflight failed:\n" + "\n".join(f"  {p}" for p in problems), fg="red", err=True)
         raise typer.Exit(1)
@@ -70,7 +74,7 @@ def pipeline(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = Set
     from flows.pipeline import PipelineConfig, pipeline_flow
 
     cfg = _load(PipelineConfig, config, set_)
-    _preflight(cfg.store_uri)
+    _preflight(cfg.store_uri, cfg=cfg)
     pipeline_flow(cfg)
 
 
@@ -80,7 +84,7 @@ def distill(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetO
     from flows.distill import DistillFlowConfig, distill_flow
 
     cfg = _load(DistillFlowConfig, config, set_)
-    _preflight(cfg.store_uri)
+    _preflight(cfg.store_uri, cfg=cfg)
     _print_json(distill_flow(cfg))
 
 
@@ -91,7 +95,7 @@ def sft(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) 
 
     cfg = _load(SFTFlowConfig, config, set_)
     _preflight(cfg.store_uri, {"sft.model_path": cfg.sft.model_path, "sft.dataset": cfg.sft.dataset},
-               (cfg.sft.dataset,))
+               (cfg.sft.dataset,), cfg=cfg)
     _print_json(sft_flow(cfg))
 
 
@@ -101,7 +105,7 @@ def rl(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) -
     from flows.rl import RLFlowConfig, rl_flow
 
     cfg = _load(RLFlowConfig, config, set_)
-    _preflight(cfg.store_uri, {"rl.policy": cfg.rl.policy, "dataset_uri": cfg.dataset_uri})
+    _preflight(cfg.store_uri, {"rl.policy": cfg.rl.policy, "dataset_uri": cfg.dataset_uri}, cfg=cfg)
     _print_json(rl_flow(cfg))
 
 
@@ -111,7 +115,7 @@ def eval_(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt
     from flows.evaluate import EvalFlowConfig, evaluate_flow
 
     cfg = _load(EvalFlowConfig, config, set_)
-    _preflight(cfg.store_uri, {f"eval.models.{label}": uri for label, uri in cfg.eval.models.items()})
+    _preflight(cfg.store_uri, {f"eval.models.{label}": uri for label, uri in cfg.eval.models.items()}, cfg=cfg)
     result = evaluate_flow(cfg)
     typer.echo(result["table"])
 

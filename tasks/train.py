@@ -92,7 +92,7 @@ def rl_task(cfg: RLConfig, dataset: dict, store_uri: str = "") -> dict:
 
     def train(work_dir: Path) -> dict:
         data = fetch(dataset["uri"], work_dir / "dataset")
-        with serve_corpus(cfg.toolbox, data / "corpus.jsonl") as toolbox:
+        with serve_corpus(cfg.toolbox, data / "corpus.jsonl", corpus_uri=f"{dataset['uri']}/corpus.jsonl") as toolbox:
             run_cfg = cfg.model_copy(update={"output_dir": str(work_dir / "run"), "toolbox": toolbox,
                                              "problems_path": str(data / "rl_problems.jsonl")})
             result = train_rl(run_cfg)

@@ -109,6 +109,18 @@ def test_missing_model_path_is_named(afm_home, tmp_path, good_dataset):
     assert result.exit_code == 1 and "field 'eval.models.sft'" in result.output, result.output
 
 
+def test_cluster_recipe_on_a_machine_without_gpus_fails_fast(afm_home, monkeypatch):
+    """`afm pipeline --config configs/qwen7b-cluster.yaml` here (no GPU, no Ray cluster): the GPU check of
+    afm.preflight.check_cluster stops it before any stage starts, naming the fields to change."""
+    monkeypatch.delenv("AFM_PREFLIGHT_SKIP_GPUS", raising=False)
+    config = Path(__file__).resolve().parents[2] / "configs" / "qwen7b-cluster.yaml"
+    result, seconds = _invoke(["pipeline", "--config", str(config)], afm_home)
+    assert result.exit_code == 1, result.output
+    assert "GPUs: the config asks for 8" in result.output and "rl.num_learners" in result.output
+    assert "Traceback" not in result.output and seconds < MAX_SECONDS
+    assert not (afm_home / "artifacts").exists()
+
+
 @pytest.mark.parametrize("service, env", [
     ("MLflow", lambda port: {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}),
     ("S3", lambda port: {"AFM_STORE_URI": "s3://afm/x", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}),
