@@ -10,20 +10,40 @@ Logprobs: `logprobs[i]` is log softmax(logits / temperature)[token_i], the distr
 i.e. exactly what the learner recomputes with one forward pass at the same temperature (the importance ratio
 in GRPO compares like with like). At temperature 0 (greedy) the temperature-1 distribution is used.
 
+transformers 5.20-5.25: the cache keyword of `forward` is `past_key_values` before 5.24 and `cache` from 5.24 on
+(the old name still works there, deprecated, with a warning); `cache_kwarg` picks the one this model reads.
+
 Usage:
     engine = HFEngine(model, tokenizer)
     gens = engine.generate(prompt_id_lists, max_new_tokens=256, temperature=1.0, seed=0)
 """
 from __future__ import annotations
 
+import inspect
 from typing import Mapping, Sequence
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from models.engines.base import Generation
 from models.format import STOP_STRINGS
 from models.tokenizer import decode
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword under which `model.forward` takes its KV cache: `cache` (transformers >= 5.24) or
+    `past_key_values` (5.20-5.23). The wrong name is no error on 5.20-5.23: it falls into `**kwargs`, the model
+    runs without the cache and every decode step sees only its newest token (the HF engine tests fail there)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
 
 
 def sample_next_tokens(
@@ -126,8 +146,9 @@ class HFEngine:
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
+        kv = {cache_kwarg(self.model): cache}
         logits = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, cache=cache,
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, **kv,
             use_cache=True, logits_to_keep=1,
         ).logits[:, -1]
         next_pos = positions[:, -1:] + 1
@@ -161,7 +182,7 @@ class HFEngine:
                 active = [active[pos] for pos in keep]
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
             logits = self.model(
-                input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos, cache=cache,
+                input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos, **kv,
                 use_cache=True,
             ).logits[:, -1]
             next_pos = next_pos + 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.engines.hf import HFEngine, sample_next_tokens
+from models.engines.hf import HFEngine, cache_kwarg, sample_next_tokens
 from models.tokenizer import decode, encode_observation, encode_prompt, encode_segments
 from tests.models.conftest import SYSTEM_PROMPT, sample_trajectory
 
@@ -18,6 +18,18 @@ def _forward_logprobs(model, prompt, completion, temperature):
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def test_the_kv_cache_reaches_the_model(tiny_model, tokenizer):
+    """transformers renamed forward's `past_key_values` to `cache` in 5.24; under the other name the cache
+    would fall into **kwargs unused. The keyword the engine picks must fill the cache on this version."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=tiny_model.config)
+    ids = torch.tensor([_prompts(tokenizer, 1)[0]])
+    with torch.no_grad():
+        tiny_model(input_ids=ids, use_cache=True, **{cache_kwarg(tiny_model): cache})
+    assert cache.get_seq_length() == ids.shape[1]
 
 
 def test_greedy_equals_model_generate(tiny_model, tokenizer):
