@@ -74,6 +74,17 @@ def resolve_registry_version(uri: str) -> tuple[str, str]:
     return name, str(version)
 
 
+def model_run_id(uri: str) -> str:
+    """The run that produced a registered model (`afm.parent_run_id` of a model trained from it); "" for a
+    path, a store URI or a hub id."""
+    uri = normalize_model_uri(uri)
+    if not is_registry_uri(uri):
+        return ""
+    name, version = resolve_registry_version(uri)
+    tracking.configure_tracking()
+    return MlflowClient().get_model_version(name, version).run_id or ""
+
+
 def _run_summary(client: MlflowClient, run_id: str) -> dict:
     """Name, experiment and logged dataset inputs of a run ({} fields when the run is gone)."""
     if not run_id:

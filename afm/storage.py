@@ -97,6 +97,12 @@ class ArtifactStore(ABC):
 
     def write_artifact(self, name: str, files: dict[str, Path], kind: str, extra: dict | None = None) -> dict:
         """Upload `files` (artifact-relative name -> local path) under `name`, then its manifest; return it."""
+        return self.write_manifest(name, self.upload_files(name, files), kind, extra)
+
+    def upload_files(self, name: str, files: dict[str, Path]) -> dict[str, dict]:
+        """Upload `files` under `name` without a manifest (the artifact stays incomplete); return their manifest
+        entries for `write_manifest`. For a writer that must reference the files before the artifact is done
+        (a model registered while its stage is still running)."""
         entries = {}
         for rel_name, path in files.items():
             path = Path(path)
@@ -106,9 +112,13 @@ class ArtifactStore(ABC):
                 raise ValueError(f"write_artifact({name!r}): {MANIFEST_NAME!r} is reserved for the manifest")
             entries[rel_name] = describe_file(path)
             self.put_file(f"{name}/{rel_name}", path)
+        return entries
+
+    def write_manifest(self, name: str, entries: dict[str, dict], kind: str, extra: dict | None = None) -> dict:
+        """Complete the artifact `name` whose files `upload_files` stored: write its manifest last; return it."""
         manifest = {
             "name": name,
-            "uri": f"{self.uri}/{name}",
+            "uri": self.artifact_uri(name),
             "kind": kind,
             "created_at": datetime.now(timezone.utc).isoformat(),
             "files": entries,
@@ -117,6 +127,9 @@ class ArtifactStore(ABC):
         manifest["digest"] = manifest_digest(manifest)
         self.put_bytes(f"{name}/{MANIFEST_NAME}", json.dumps(manifest, indent=2, sort_keys=True).encode())
         return manifest
+
+    def artifact_uri(self, name: str) -> str:
+        return f"{self.uri}/{name}"
 
     def read_manifest(self, name: str) -> dict | None:
         """The artifact's manifest, or None when the artifact is absent or incomplete (no manifest yet)."""
@@ -270,6 +283,24 @@ class S3Store(ArtifactStore):
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def directory_files(root: Path) -> dict[str, Path]:
+    """Every file under `root` as {relative posix name: path}, for `write_artifact` of a model directory."""
+    return {p.relative_to(root).as_posix(): p for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def file_identity(path: Path) -> tuple[str, str]:
+    """(URI, sha256) of a data file for lineage: the store URI when the file came from a fetched artifact
+    (`fetch_artifact` leaves the artifact's manifest beside its files), else its absolute path."""
+    path = Path(path).resolve()
+    manifest_path = path.parent / MANIFEST_NAME
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        entry = manifest.get("files", {}).get(path.name)
+        if entry is not None:
+            return f"{manifest['uri']}/{path.name}", entry["sha256"]
+    return str(path), sha256_file(path)
 
 
 def local_path(uri: str | Path) -> Path:

@@ -29,7 +29,7 @@ import botocore.exceptions
 from pydantic import BaseModel
 
 from afm.paths import afm_home
-from afm.storage import open_store
+from afm.storage import directory_files, open_store  # noqa: F401 (directory_files: for the tasks)
 
 # Errors worth a retry: the network or a server hiccuped. Anything else (bad config, a bug) fails at once.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -126,21 +126,19 @@ def completed_stage(store, stage: str, key: str) -> dict | None:
     return store.read_manifest(stage_artifact(stage, key))
 
 
-def directory_files(root: Path) -> dict[str, Path]:
-    """Every file under `root` as {relative posix name: path}, for `write_artifact` of a model directory."""
-    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def default_store_uri() -> str:
     """The artifact store: `AFM_STORE_URI` (e.g. s3://afm/artifacts on the local stack) or <AFM_HOME>/artifacts."""
     return os.environ.get("AFM_STORE_URI") or str(afm_home() / "artifacts")
 
 
 def run_stage(
-    stage: str, key: str, store_uri: str, produce: Callable[[Path], tuple[dict[str, Path], dict]], kind: str
+    stage: str, key: str, store_uri: str, produce: Callable[[Path], tuple[dict, dict]], kind: str,
+    upload: bool = True,
 ) -> dict:
     """Run `produce(work_dir) -> (files, extra)` unless this stage+key already has a manifest in the store;
-    upload the files (manifest last) and return the manifest with `cached` telling which happened."""
+    upload the files (manifest last) and return the manifest with `cached` telling which happened.
+    upload=False: `produce` has stored its files under `stage_artifact(stage, key)` itself (a model registered
+    from that one copy, afm.tracking.stage_scope) and returns their manifest entries instead of paths."""
     store = open_store(store_uri or default_store_uri())
     done = completed_stage(store, stage, key)
     if done is not None:
@@ -148,5 +146,9 @@ def run_stage(
     work_dir = afm_home() / "work" / f"{stage}-{key}"
     work_dir.mkdir(parents=True, exist_ok=True)
     files, extra = produce(work_dir)
-    manifest = store.write_artifact(stage_artifact(stage, key), files, kind=kind, extra=extra)
+    name = stage_artifact(stage, key)
+    if upload:
+        manifest = store.write_artifact(name, files, kind=kind, extra=extra)
+    else:
+        manifest = store.write_manifest(name, files, kind=kind, extra=extra)
     return {**manifest, "cached": False}

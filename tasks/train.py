@@ -11,13 +11,14 @@ from pathlib import Path
 from pydantic import Field
 from prefect import task
 
+from afm import tracking
 from afm.config import Config
-from afm.storage import open_store
+from afm.storage import directory_files, open_store
 from models.format import read_jsonl, render_segments
 from models.tiny import TinyModelConfig, create_default_policy
 from models.tokenizer import NAME_PIECES_REGEX
 from problems.miniweb import serve_corpus
-from tasks.stages import default_store_uri, directory_files, retry_on_transient, run_stage, stage_key
+from tasks.stages import default_store_uri, retry_on_transient, run_stage, stage_artifact, stage_key
 from training.rl_trainer import RLConfig, train_rl
 from training.sft_ray import train_sft
 from training.sft_trainer import SFTConfig
@@ -64,17 +65,33 @@ def base_policy_task(cfg: BasePolicyConfig, dataset: dict, store_uri: str = "") 
     return run_stage("policy", key, store_uri, produce, kind="model")["uri"]
 
 
-def _model_artifact(stage: str, key: str, store_uri: str, train) -> dict:
-    def produce(work_dir: Path):
-        result = train(work_dir)
-        return directory_files(Path(result["policy_dir"])), {"stage_key": key, **result}
+def store_dataset(dataset: dict, file: str, context: str) -> dict:
+    """A file of a stored dataset artifact as a run input: its store URI and sha256 (stage_scope datasets)."""
+    return {"uri": f"{dataset['uri']}/{file}", "digest": dataset["files"][file]["sha256"],
+            "name": f"{dataset['name'].rpartition('/')[2]}/{file}", "context": context}
 
-    return run_stage(stage, key, store_uri, produce, kind="model")
+
+def _model_artifact(stage: str, key: str, store_uri: str, train, parent_run_id: str = "",
+                    datasets: list[dict] | None = None) -> dict:
+    """Run `train(work_dir) -> result` as a stage whose output is the policy the job registers: the model is
+    stored once, as this stage's artifact, and the registered version points at it (tracking.stage_scope)."""
+    store = open_store(store_uri)
+
+    def produce(work_dir: Path):
+        with tracking.stage_scope(parent_run_id, datasets, model_store=store,
+                                  model_artifact=stage_artifact(stage, key)) as scope:
+            result = train(work_dir)
+        entries = scope.stored or store.upload_files(stage_artifact(stage, key),
+                                                     directory_files(Path(result["policy_dir"])))
+        return entries, {"stage_key": key, **result}
+
+    return run_stage(stage, key, store_uri, produce, kind="model", upload=False)
 
 
 @task(name="sft", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
-def sft_task(cfg: SFTConfig, store_uri: str = "") -> dict:
-    """SFT `cfg.model_path` on `cfg.dataset`; returns the trained policy's artifact manifest."""
+def sft_task(cfg: SFTConfig, store_uri: str = "", parent_run_id: str = "") -> dict:
+    """SFT `cfg.model_path` on `cfg.dataset`; returns the trained policy's artifact manifest. `parent_run_id`:
+    the pipeline run the SFT run is nested under."""
     key = stage_key("sft", cfg)
 
     def train(work_dir: Path) -> dict:
@@ -82,11 +99,11 @@ def sft_task(cfg: SFTConfig, store_uri: str = "") -> dict:
         return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,
                 "final_loss": result.final_loss, "steps": result.steps, "tokens_per_s": result.tokens_per_s}
 
-    return _model_artifact("sft", key, store_uri or default_store_uri(), train)
+    return _model_artifact("sft", key, store_uri or default_store_uri(), train, parent_run_id)
 
 
 @task(name="rl", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
-def rl_task(cfg: RLConfig, dataset: dict, store_uri: str = "") -> dict:
+def rl_task(cfg: RLConfig, dataset: dict, store_uri: str = "", parent_run_id: str = "") -> dict:
     """RL from `cfg.policy` on the dataset's RL problems with tools over its corpus (mini-web served here)."""
     key = stage_key("rl", cfg, {"dataset": dataset["digest"]})
 
@@ -97,7 +114,10 @@ def rl_task(cfg: RLConfig, dataset: dict, store_uri: str = "") -> dict:
                                              "problems_path": str(data / "rl_problems.jsonl")})
             result = train_rl(run_cfg)
         shutil.rmtree(data, ignore_errors=True)
+        rewards = [h["reward_mean"] for h in result.history]
         return {"policy_dir": str(result.model_dir), "run_id": result.run_id,
-                "model_version": result.model_version, "history": result.history[-1:] if result.history else []}
+                "model_version": result.model_version, "history": result.history[-1:],
+                "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None}
 
-    return _model_artifact("rl", key, store_uri or default_store_uri(), train)
+    inputs = [store_dataset(dataset, "rl_problems.jsonl", "training"), store_dataset(dataset, "corpus.jsonl", "tools")]
+    return _model_artifact("rl", key, store_uri or default_store_uri(), train, parent_run_id, inputs)

@@ -365,8 +365,8 @@ def train_rl(cfg: RLConfig) -> RLResult:
 
     from afm import tracking
     from afm.ray_local import init_local_ray
-    from afm.storage import sha256_file
-    from afm.lineage import lineage_tags
+    from afm.storage import file_identity
+    from afm.lineage import lineage_tags, model_run_id
     from training.rl_pool import RolloutPool
     from training.sft_ray import move_policy, ray_storage
 
@@ -412,7 +412,7 @@ def train_rl(cfg: RLConfig) -> RLResult:
         (output_dir / "history.json").write_text(json.dumps(history, indent=1))
         run_id = run.info.run_id
         # Lineage: the parent is the start policy (a models:/ URI when it came from the registry) and the
-        # data is the RL problem set, identified by its sha256.
-        tags = lineage_tags("rl", run_id, cfg.policy, "", cfg.problems_path, sha256_file(Path(cfg.problems_path)))
+        # data is the RL problem set: its store URI and sha256 when it was fetched from the store.
+        tags = lineage_tags("rl", run_id, cfg.policy, model_run_id(cfg.policy), *file_identity(Path(cfg.problems_path)))
         version = tracking.register_model(model_dir, cfg.registered_model_name, tags={**tags, "steps": len(history)})
     return RLResult(model_dir=model_dir, run_id=run_id, model_version=version, history=history)

@@ -25,8 +25,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from afm import tracking
-from afm.lineage import lineage_tags
-from afm.storage import open_store, sha256_file
+from afm.lineage import lineage_tags, model_run_id
 from training.sft_data import dataset_identity, resolve_dataset
 
 if TYPE_CHECKING:
@@ -87,5 +86,5 @@ def finish_sft_run(cfg: "SFTConfig", run_id: str, policy_dir: Path, outcome: "Tr
     tracking.log_figure(fig, "loss_curve.png")
     plt.close(fig)
     dataset_uri, dataset_sha = dataset_identity(cfg.dataset)
-    tags = lineage_tags("sft", run_id, cfg.model_path, "", dataset_uri, dataset_sha)
+    tags = lineage_tags("sft", run_id, cfg.model_path, model_run_id(cfg.model_path), dataset_uri, dataset_sha)
     return tracking.register_model(policy_dir, cfg.registered_model_name, tags=tags)
