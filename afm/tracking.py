@@ -89,6 +89,7 @@ EXPERIMENT_KIND = "custom_model_development"
 MODEL_TYPE = "hf-causal-lm"
 # Tags of a logged model / model version: where its files are, and the pipeline run it was trained in.
 TAG_STORAGE_URI = "afm.storage_uri"
+TAG_STAGE = "afm.stage"  # on runs: the stage that opened it ("pipeline" on a pipeline's parent run)
 TAG_PIPELINE_RUN_ID = "afm.pipeline_run_id"
 # Inside a registered model's directory: the tool environment it was trained with (see the module docstring).
 TOOLS_DIR = "afm_tools"
@@ -182,6 +183,8 @@ def start_run(
     scope = _SCOPE.get()
     nested = mlflow.active_run() is not None
     tags = dict(tags or {})
+    if scope is not None and scope.stage and not nested:
+        tags.setdefault(TAG_STAGE, scope.stage)
     if scope is not None and scope.parent_run_id and not nested:
         mlflow.set_experiment(experiment_id=MlflowClient().get_run(scope.parent_run_id).info.experiment_id)
         tags[MLFLOW_PARENT_RUN_ID] = scope.parent_run_id
@@ -258,6 +261,7 @@ class StageScope:
     """What the stage task around a training job tells the runs and models that job creates (see stage_scope)."""
 
     parent_run_id: str = ""  # the pipeline run: runs started in scope become its nested children
+    stage: str = ""  # tagged `afm.stage` on the runs started in scope (a stage's run names its stage)
     datasets: tuple[dict, ...] = ()  # store manifests {"uri", "digest", "name", "context"} logged as run inputs
     model_store: ArtifactStore | None = None  # where register_model stores the model: the stage's own artifact
     model_artifact: str = ""
@@ -269,12 +273,12 @@ _SCOPE: ContextVar[StageScope | None] = ContextVar("afm_stage_scope", default=No
 
 @contextmanager
 def stage_scope(parent_run_id: str = "", datasets: list[dict] | None = None, model_store: ArtifactStore | None = None,
-                model_artifact: str = "") -> Iterator[StageScope]:
+                model_artifact: str = "", stage: str = "") -> Iterator[StageScope]:
     """Within: `start_run` nests runs under `parent_run_id` (in its experiment) and logs `datasets` as their
     inputs, and `register_model` stores the model as `model_artifact` of `model_store` (files only; the caller
     writes the manifest from `scope.stored`) and registers that one copy. The trainers are unchanged: a
     context variable carries this from the task into the job's driver code on the same thread."""
-    scope = StageScope(parent_run_id, tuple(datasets or ()), model_store, model_artifact)
+    scope = StageScope(parent_run_id, stage, tuple(datasets or ()), model_store, model_artifact)
     token = _SCOPE.set(scope)
     try:
         yield scope

@@ -18,11 +18,15 @@ class EvalFlowConfig(Config):
     store_uri: str = Field("", description="Artifact store; '' = $AFM_STORE_URI or <AFM_HOME>/artifacts.")
     dataset_uri: str = Field("", description="Distilled dataset artifact (corpus for the tools, eval sets).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Models, problem sets, sampling, gate.")
+    parent_run_id: str = Field("", description="MLflow run this stage's run is nested under (the pipeline "
+                                               "passes its own); '' = a top-level run in the stage's experiment.")
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(config: EvalFlowConfig = EvalFlowConfig()) -> dict:
-    report = evaluate_task(config.eval, read_dataset_manifest(config.dataset_uri), config.store_uri)
+    report = evaluate_task(config.eval, read_dataset_manifest(config.dataset_uri), config.store_uri,
+                           config.parent_run_id)
     print(report["extra"]["table"])
     return {"report": report["uri"], "table": report["extra"]["table"], "promotion": report["extra"]["promotion"],
+            "summary": report["extra"]["summary"], "efficiency": report["extra"]["efficiency"],
             "cached": report["cached"]}

@@ -7,10 +7,11 @@ the stage config and its inputs' digests: re-running after a crash skips the com
 the one that was in progress. This is what `make run` runs on the embedded default (configs/default.yaml).
 
     afm pipeline --config configs/default.yaml [--set sft.time_budget_s=120 ...]
+
+In MLflow a pipeline is one run of the `pipeline` experiment with every stage's run nested under it and the
+headline metrics on it (flows/pipeline_metrics.py): select two pipeline runs and "Compare" puts them side by side.
 """
 from __future__ import annotations
-
-import time
 
 from pydantic import Field
 from prefect import flow
@@ -21,6 +22,7 @@ from distill.pipeline import DistillConfig
 from evaluation.runner import EvalConfig
 from flows.distill import DistillFlowConfig, distill_flow
 from flows.evaluate import EvalFlowConfig, evaluate_flow
+from flows.pipeline_metrics import StageClock, headline_metrics
 from flows.rl import RLFlowConfig, rl_flow
 from flows.sft import SFTFlowConfig, sft_flow
 from tasks.stages import default_store_uri
@@ -38,32 +40,50 @@ class PipelineConfig(Config):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Stage 4 (models set by the pipeline).")
 
 
+# The MLflow experiment of pipeline runs (parents) and, nested under them, their stages' runs.
+PIPELINE_EXPERIMENT = "pipeline"
+
+
 def registry_uri(model: dict, registered_name: str) -> str:
     return f"models:/{registered_name}/{model['extra']['model_version']}"
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(config: PipelineConfig = PipelineConfig()) -> dict:
-    t0 = time.perf_counter()
+    """One MLflow `pipeline` run per call; every stage's run is its nested child and it carries the headline
+    metrics (flows/pipeline_metrics.py), so two pipeline runs compare side by side."""
+    with tracking.parent_run(PIPELINE_EXPERIMENT, "pipeline", params=config.model_dump(mode="json"),
+                             tags={tracking.TAG_STAGE: "pipeline"}) as run_id:
+        return run_stages(config, run_id)
+
+
+def run_stages(config: PipelineConfig, run_id: str) -> dict:
+    clock = StageClock()
     store = config.store_uri or default_store_uri()
-    dataset = distill_flow(DistillFlowConfig(store_uri=store, distill=config.distill))
+    dataset = distill_flow(DistillFlowConfig(store_uri=store, distill=config.distill, parent_run_id=run_id))
+    clock.lap("distill")
     base = base_policy_task(config.policy, dataset, store)
-    sft = sft_flow(SFTFlowConfig(store_uri=store, sft=config.sft.model_copy(
+    clock.lap("policy")
+    sft = sft_flow(SFTFlowConfig(store_uri=store, parent_run_id=run_id, sft=config.sft.model_copy(
         update={"model_path": base, "dataset": dataset["uri"]})))
+    clock.lap("sft")
     sft_model = registry_uri(sft, config.sft.registered_model_name)
     # RL starts from the registered SFT version, so the RL model's lineage links to it (afm lineage).
-    rl = rl_flow(RLFlowConfig(store_uri=store, dataset_uri=dataset["uri"], rl=config.rl.model_copy(
-        update={"policy": sft_model})))
+    rl = rl_flow(RLFlowConfig(store_uri=store, dataset_uri=dataset["uri"], parent_run_id=run_id,
+                              rl=config.rl.model_copy(update={"policy": sft_model})))
+    clock.lap("rl")
     models = {"untrained": base, "sft": sft_model, "rl": registry_uri(rl, config.rl.registered_model_name)}
-    report = evaluate_flow(EvalFlowConfig(store_uri=store, dataset_uri=dataset["uri"], eval=config.eval.model_copy(
-        update={"models": {**models, **config.eval.models}})))
+    report = evaluate_flow(EvalFlowConfig(store_uri=store, dataset_uri=dataset["uri"], parent_run_id=run_id,
+                                          eval=config.eval.model_copy(update={"models": {**models, **config.eval.models}})))
+    clock.lap("eval")
+    tracking.log_run_metrics(run_id, {**headline_metrics(sft, rl, report, clock.seconds), "seconds.total": clock.total()})
     summary = {
         "dataset": dataset["uri"], "base_policy": base, "sft_model": sft["uri"], "rl_model": rl["uri"],
         "registered": {k: v for k, v in models.items() if v.startswith("models:/")},
         "report": report["report"], "promotion": report["promotion"], "mlflow": tracking.configure_tracking(),
         "stages": {name: "cached" if out["cached"] else "ran" for name, out in
                    (("distill", dataset), ("sft", sft), ("rl", rl), ("eval", report))},
-        "seconds": round(time.perf_counter() - t0, 1),
+        "pipeline_run": run_id, "seconds": clock.total(),
     }
     print(report["table"])
     print("\n".join(["", "Pipeline finished:"] + [f"  {k:>12}: {v}" for k, v in summary.items()]))

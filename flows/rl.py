@@ -18,6 +18,8 @@ class RLFlowConfig(Config):
     store_uri: str = Field("", description="Artifact store; '' = $AFM_STORE_URI or <AFM_HOME>/artifacts.")
     dataset_uri: str = Field("", description="Distilled dataset artifact (its rl_problems.jsonl and corpus.jsonl).")
     rl: RLConfig = Field(default_factory=RLConfig, description="Start policy and RL recipe.")
+    parent_run_id: str = Field("", description="MLflow run this stage's run is nested under (the pipeline "
+                                               "passes its own); '' = a top-level run in the stage's experiment.")
 
 
 def read_dataset_manifest(uri: str) -> dict:
@@ -30,6 +32,7 @@ def read_dataset_manifest(uri: str) -> dict:
 
 @flow(name="rl", log_prints=True)
 def rl_flow(config: RLFlowConfig = RLFlowConfig()) -> dict:
-    model = rl_task(config.rl, read_dataset_manifest(config.dataset_uri), config.store_uri)
+    model = rl_task(config.rl, read_dataset_manifest(config.dataset_uri), config.store_uri,
+                    config.parent_run_id)
     print(f"RL policy: {model['uri']} (MLflow model version {model['extra']['model_version']})")
     return model

@@ -16,11 +16,13 @@ from training.sft_trainer import SFTConfig
 class SFTFlowConfig(Config):
     store_uri: str = Field("", description="Artifact store; '' = $AFM_STORE_URI or <AFM_HOME>/artifacts.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Policy, dataset and training recipe.")
+    parent_run_id: str = Field("", description="MLflow run this stage's run is nested under (the pipeline "
+                                               "passes its own); '' = a top-level run in the stage's experiment.")
 
 
 @flow(name="sft", log_prints=True)
 def sft_flow(config: SFTFlowConfig = SFTFlowConfig()) -> dict:
-    model = sft_task(config.sft, config.store_uri)
+    model = sft_task(config.sft, config.store_uri, config.parent_run_id)
     print(f"SFT policy: {model['uri']} (MLflow model version {model['extra']['model_version']}, "
           f"{'cached' if model['cached'] else 'trained'})")
     return model

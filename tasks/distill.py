@@ -28,8 +28,9 @@ def filter_table(report: list[dict]) -> list[dict]:
 
 
 @task(name="distill-dataset", retries=2, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
-def distill_task(cfg: DistillConfig, store_uri: str = "") -> dict:
-    """Teacher rollouts -> CoA -> filters; returns the dataset artifact's manifest (skipped if it exists)."""
+def distill_task(cfg: DistillConfig, store_uri: str = "", parent_run_id: str = "") -> dict:
+    """Teacher rollouts -> CoA -> filters; returns the dataset artifact's manifest (skipped if it exists).
+    `parent_run_id`: the pipeline run the distill run is nested under."""
     key = stage_key("distill", cfg)
 
     def produce(work_dir: Path):
@@ -41,7 +42,8 @@ def distill_task(cfg: DistillConfig, store_uri: str = "") -> dict:
 
     manifest = run_stage("distill", key, store_uri, produce, kind="dataset")
     if not manifest["cached"]:
-        with tracking.start_run("distill", f"distill-{key}", cfg.model_dump(mode="json"), {"afm.stage": "distill"}):
+        with tracking.stage_scope(parent_run_id, stage="distill"), \
+                tracking.start_run("distill", f"distill-{key}", cfg.model_dump(mode="json")):
             counts = manifest["extra"]["counts"]
             tracking.log_metrics({k: v for k, v in counts.items() if isinstance(v, (int, float))}, step=0)
             for i, stage in enumerate(manifest["extra"]["filter_report"]):

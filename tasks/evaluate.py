@@ -11,11 +11,12 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from afm import tracking
 from evaluation.report import format_summary_table
 from evaluation.runner import EvalConfig, ProblemSetConfig, evaluate
 from problems.miniweb import serve_corpus
 from tasks.stages import directory_files, retry_on_transient, run_stage, stage_key
-from tasks.train import fetch
+from tasks.train import fetch, store_dataset
 
 DATASET_PREFIX = "dataset:"
 
@@ -28,15 +29,20 @@ def resolve_dataset_sources(problem_sets: dict[str, ProblemSetConfig], data: Pat
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
-def evaluate_task(cfg: EvalConfig, dataset: dict, store_uri: str = "") -> dict:
+def evaluate_task(cfg: EvalConfig, dataset: dict, store_uri: str = "", parent_run_id: str = "") -> dict:
     """Evaluate `cfg.models` (+ the teacher) and apply the promotion gate; returns the report manifest with the
-    printable table under extra.table."""
+    printable table under extra.table. The eval run (nested under `parent_run_id` when given) records the
+    dataset's problem sets and corpus as its inputs, by their store URIs."""
     key = stage_key("eval", cfg, {"dataset": dataset["digest"]})
 
     def produce(work_dir: Path):
         data = fetch(dataset["uri"], work_dir / "dataset")
         sets = resolve_dataset_sources(cfg.problem_sets, data)
-        with serve_corpus(cfg.toolbox, data / "corpus.jsonl", corpus_uri=f"{dataset['uri']}/corpus.jsonl") as toolbox:
+        inputs = [store_dataset(dataset, ps.source[len(DATASET_PREFIX):], "evaluation")
+                  for ps in cfg.problem_sets.values() if ps.source.startswith(DATASET_PREFIX)]
+        inputs.append(store_dataset(dataset, "corpus.jsonl", "tools"))
+        with serve_corpus(cfg.toolbox, data / "corpus.jsonl", corpus_uri=f"{dataset['uri']}/corpus.jsonl") as toolbox, \
+                tracking.stage_scope(parent_run_id, inputs, stage="eval"):
             result = evaluate(cfg.model_copy(update={"problem_sets": sets, "toolbox": toolbox,
                                                      "output_dir": str(work_dir / "report")}))
         decision = None

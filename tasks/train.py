@@ -79,7 +79,7 @@ def _model_artifact(stage: str, key: str, store_uri: str, train, parent_run_id: 
 
     def produce(work_dir: Path):
         with tracking.stage_scope(parent_run_id, datasets, model_store=store,
-                                  model_artifact=stage_artifact(stage, key)) as scope:
+                                  model_artifact=stage_artifact(stage, key), stage=stage) as scope:
             result = train(work_dir)
         entries = scope.stored or store.upload_files(stage_artifact(stage, key),
                                                      directory_files(Path(result["policy_dir"])))

@@ -55,3 +55,30 @@ def test_pipeline_resumes_after_failure_in_middle_stage(tmp_path):
     assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "promotion"))["alias"] == "champion"
     for stage in ("distill", "policy", "sft", "rl", "eval"):
         assert len(list(stages.glob(f"{stage}-*/manifest.json"))) == 1, stage
+    check_pipeline_runs(home, summary_field(resumed.stdout + resumed.stderr, "pipeline_run"))
+
+
+def check_pipeline_runs(home, run_id: str) -> None:
+    """The MLflow side (#25, #21): the failed and the resumed pipeline are two parent runs; the resumed one
+    carries the headline metrics and lists the stages it ran as nested runs, each with its store datasets;
+    the policies' weights are in the stage store only."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow.db'}")
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("pipeline")
+    parents = client.search_runs([experiment.experiment_id], "tags.`afm.stage` = 'pipeline'",
+                                 order_by=["attributes.start_time ASC"])
+    assert [(r.info.status, r.info.run_id == run_id) for r in parents] == [("FAILED", False), ("FINISHED", True)]
+    metrics = parents[1].data.metrics
+    for name in ("eval.rl.heldout.accuracy", "eval.rl.heldout.pass_at_1", "eval.sft.train_entities.accuracy",
+                 "eval.rl.computation.accuracy", "sft.final_loss", "rl.reward_first", "rl.reward_last",
+                 "seconds.sft", "seconds.total"):
+        assert name in metrics, name
+    children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
+    assert sorted(c.data.tags["afm.stage"] for c in children) == ["eval", "rl", "sft"]
+    for child in children:
+        sources = [d.dataset.source for d in child.inputs.dataset_inputs]
+        assert sources and all("/artifacts/stages/distill-" in s for s in sources), (child.info.run_name, sources)
+    assert not list((home / "mlartifacts").rglob("model.safetensors")), "weights stored once, in the stage store"
