@@ -8,7 +8,9 @@ Usage (the `afm stack up|status|down` commands call these):
 
 State lives in `state_dir` (default `<AFM_HOME>/stack`): `pids.json` (PID + start time of every process it
 started, written as each starts so a crash mid-startup can still be cleaned up), `logs/<service>.log`,
-`env.sh`, the MLflow SQLite db, `PREFECT_HOME` and Ray's temp dir.
+`env.sh`, `PREFECT_HOME` and Ray's temp dir. MLflow serves `mlflow_db`, by default `<AFM_HOME>/mlflow.db`: the
+store the CLI writes when no server is set (afm/tracking.py), so one UI lists runs made with and without the
+stack. Runs made without it keep their artifacts under <AFM_HOME>/mlartifacts, which this server reads in place.
 
 Durability: MLflow (SQLite) and Prefect (SQLite in PREFECT_HOME) survive a restart; the S3 server is moto,
 which keeps objects IN MEMORY, so artifacts (including MLflow's) are lost on `stack down`. moto's request
@@ -59,6 +61,11 @@ class StackConfig(Config):
     host: str = Field("127.0.0.1", description="Interface every server binds; keep it loopback-only.")
     s3_port: int = Field(9000, description="Port of the S3-compatible server (moto).")
     mlflow_port: int = Field(5000, description="Port of the MLflow tracking server (also serves the UI).")
+    mlflow_db: Path = Field(
+        default_factory=lambda: afm_home() / "mlflow.db",
+        description="SQLite store the MLflow server serves: by default the one `make run` writes without the "
+                    "stack (<AFM_HOME>/mlflow.db), so every run, with the stack or without, is in one UI.",
+    )
     prefect_port: int = Field(4200, description="Port of the Prefect API server and UI.")
     ray_port: int = Field(6379, description="GCS port of the Ray head node (RAY_ADDRESS is host:ray_port).")
     ray_num_cpus: int = Field(2, description="CPUs the Ray head offers to tasks and actors.")
@@ -120,7 +127,7 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
         "mlflow": (
             [
                 str(bin_dir / "mlflow"), "server",
-                "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
+                "--backend-store-uri", f"sqlite:///{cfg.mlflow_db.resolve()}",
                 "--artifacts-destination", f"s3://{cfg.bucket}/mlflow",
                 "--host", cfg.host, "--port", str(cfg.mlflow_port),
                 # One worker and no job runner: ~0.5 GiB instead of ~2.7 GiB and 12 s instead of ~40 s to start.
@@ -249,6 +256,7 @@ def stack_up(cfg: StackConfig) -> dict[str, str]:
                          f"'{ray_tmpdir}' at most {_MAX_RAY_TMPDIR_LENGTH} characters (e.g. under /tmp)")
     for sub in ("logs", "prefect", "ray"):
         (cfg.state_dir / sub).mkdir(exist_ok=True)
+    cfg.mlflow_db.parent.mkdir(parents=True, exist_ok=True)
     _ensure_ray_token(cfg)
     records = {name: rec for name, rec in _read_pids(cfg).items() if is_running(rec)}
     commands = _commands(cfg)

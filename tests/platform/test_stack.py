@@ -72,8 +72,8 @@ ATTACHED_DRIVER = textwrap.dedent('''
 def stack_cfg():
     # Short path: Ray's AF_UNIX socket paths under the state dir must stay below 108 bytes.
     state_dir = Path(tempfile.mkdtemp(prefix="afm-", dir="/tmp"))
-    cfg = StackConfig(state_dir=state_dir, s3_port=free_port(), mlflow_port=free_port(),
-                      prefect_port=free_port(), ray_port=free_port())
+    cfg = StackConfig(state_dir=state_dir, mlflow_db=state_dir / "mlflow.db", s3_port=free_port(),
+                      mlflow_port=free_port(), prefect_port=free_port(), ray_port=free_port())
     yield cfg
     stack_down(cfg)
     shutil.rmtree(state_dir, ignore_errors=True)
