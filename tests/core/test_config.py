@@ -71,7 +71,7 @@ def test_stage_command_reads_its_section_of_a_pipeline_recipe(tmp_path):
 
 
 def test_every_stage_command_accepts_the_shipped_pipeline_recipes():
-    from afm.cli import PIPELINE_SECTIONS
+    from cli.app import PIPELINE_SECTIONS
     from flows.distill import DistillFlowConfig
     from flows.evaluate import EvalFlowConfig
     from flows.rl import RLFlowConfig

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def run_pipeline(afm_home, extra: list[str]) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "afm.cli", "pipeline", "--config", "configs/default.yaml"]
+    args = [sys.executable, "-m", "cli", "pipeline", "--config", "configs/default.yaml"]
     for override in SMOKE_OVERRIDES + extra:
         args += ["--set", override]
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "AFM_STORE_URI", "RAY_ADDRESS",

@@ -1,4 +1,4 @@
-"""Preflight of cluster recipes (afm.preflight.check_cluster): GPU count against the workers the config asks for,
+"""Preflight of cluster recipes (cli.preflight.check_cluster): GPU count against the workers the config asks for,
 vLLM importable when a pool uses it, teacher/judge endpoints answering. No GPU needed: torch.cuda is
 monkeypatched and the OpenAI-compatible endpoint is a fake on 127.0.0.1 started here."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from afm import preflight
-from afm.preflight import check_cluster, requested_gpus
+from cli import preflight
+from cli.preflight import check_cluster, requested_gpus
 
 CLUSTER_YAML = Path(__file__).resolve().parents[2] / "configs" / "qwen7b-cluster.yaml"
 

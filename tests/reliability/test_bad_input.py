@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from afm.cli import app
+from cli.app import app
 from models.format import Segment, Trajectory, write_jsonl
 from models.tiny import TinyModelConfig, create_default_policy
 from tests.reliability.conftest import base_env, closed_port, run_afm
@@ -111,7 +111,7 @@ def test_missing_model_path_is_named(afm_home, tmp_path, good_dataset):
 
 def test_cluster_recipe_on_a_machine_without_gpus_fails_fast(afm_home, monkeypatch):
     """`afm pipeline --config configs/qwen7b-cluster.yaml` here (no GPU, no Ray cluster): the GPU check of
-    afm.preflight.check_cluster stops it before any stage starts, naming the fields to change."""
+    cli.preflight.check_cluster stops it before any stage starts, naming the fields to change."""
     monkeypatch.delenv("AFM_PREFLIGHT_SKIP_GPUS", raising=False)
     config = Path(__file__).resolve().parents[2] / "configs" / "qwen7b-cluster.yaml"
     result, seconds = _invoke(["pipeline", "--config", str(config)], afm_home)
@@ -152,7 +152,7 @@ def test_preflight_passes_reachable_endpoints_and_reads_every_address_form():
     """No false alarms: a listening port passes under every address form the platform's env vars use."""
     import socket
 
-    from afm.preflight import check_endpoints, configured_endpoints
+    from cli.preflight import check_endpoints, configured_endpoints
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

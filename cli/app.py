@@ -1,4 +1,6 @@
 """The `afm` command line: one subcommand per flow, plus the local stack, deployments, serving and lineage.
+It sits above everything it drives (imports point down: cli -> flows -> tasks -> domain packages -> afm core);
+the console script `afm` is `cli.app:app`, and `python -m cli` runs the same.
 
     afm pipeline [--config configs/default.yaml] [--set sft.lr=1e-3 ...]   # distill -> sft -> rl -> evaluate
     afm distill | sft | rl | eval  [--config FILE] [--set key=value ...]    # one stage
@@ -53,8 +55,8 @@ def _preflight(store_uri: str = "", paths: Optional[dict[str, str]] = None, traj
                cfg=None) -> None:
     """Exit 1 within seconds when a configured server is down, a local input is missing or malformed, or the
     recipe `cfg` asks for more GPUs than there are, for vLLM where it does not import, or for a teacher/judge
-    endpoint that does not answer: instead of failing minutes later inside a Ray worker (afm/preflight.py)."""
-    from afm.preflight import check_cluster, check_endpoints, check_local_inputs
+    endpoint that does not answer: instead of failing minutes later inside a Ray worker (cli/preflight.py)."""
+    from cli.preflight import check_cluster, check_endpoints, check_local_inputs
 
     problems = check_endpoints(store_uri) + check_local_inputs(paths or {}, trajectory_files)
     if cfg is not None:
@@ -191,9 +193,5 @@ def lineage(model: str = typer.Argument(..., help="MLflow model URI, e.g. models
     typer.echo(format_lineage(walk(model)))
 
 
-def main() -> None:  # pragma: no cover - console entry
+def main() -> None:
     sys.exit(app())
-
-
-if __name__ == "__main__":
-    app()

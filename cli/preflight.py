@@ -4,7 +4,7 @@ Without them a closed MLflow/S3/Prefect/Ray port or a typo in a model path surfa
 Ray worker or after library retries, as a long traceback. With them the command exits 1 within seconds, naming
 the endpoint (and the env var that set it) or the field and file.
 
-Usage (afm/cli.py):
+Usage (cli/app.py):
     problems = check_endpoints(store_uri=cfg.store_uri) + check_local_inputs({"sft.model_path": ...},
                                                                               trajectory_files=[...])
     if problems: print them, exit 1
