@@ -152,15 +152,20 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def prepare_model(uri: str) -> tuple[Path, Path | None]:
-    """(local model directory, temporary copy to delete at stop or None): registry and S3 URIs are downloaded
-    here, in the driver, through the same tracking URI and store as the CLI."""
+    """(local model directory, temporary copy to delete at stop or None): registry and S3 URIs are resolved
+    here, in the driver, through the same tracking URI and store as the CLI; a registered version whose one
+    copy is on this machine (a local stage store) is used in place, anything remote is downloaded."""
     if uri.startswith(("models:/", "runs:/", "s3://")):
         cache = Path(tempfile.mkdtemp(prefix="afm-serve-"))
         try:
-            return resolve_model_uri(uri, cache), cache
+            local = resolve_model_uri(uri, cache)
         except BaseException:
             shutil.rmtree(cache, ignore_errors=True)
             raise
+        if local.is_relative_to(cache):
+            return local, cache
+        shutil.rmtree(cache)
+        return local, None
     return resolve_model_uri(uri, Path()), None
 
 

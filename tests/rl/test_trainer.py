@@ -51,7 +51,10 @@ def test_one_rl_step_changes_weights_and_logs_to_mlflow(afm_home, tmp_path, sft_
     run = client.get_run(result.run_id)
     assert run.data.metrics["reward_mean"] == pytest.approx(metrics["reward_mean"])
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
-    assert {"reward_curve.png", "model"} <= artifacts
+    # The policy is the run's logged model (its one copy), not a second copy among the run's artifacts.
+    assert "reward_curve.png" in artifacts and "model" not in artifacts
+    (output,) = run.outputs.model_outputs
+    assert client.get_logged_model(output.model_id).source_run_id == result.run_id
     assert result.model_version == "1"
     assert (afm_home / "mlflow.db").exists()
 

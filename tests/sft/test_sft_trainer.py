@@ -57,4 +57,7 @@ def test_mlflow_run_holds_params_metrics_dataset_and_model_version(sft_cfg):
     version = client.get_model_version("afm-sft-test", result.model_version)
     assert version.run_id == result.run_id
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
-    assert {"loss_curve.png", "model"} <= artifacts
+    # The policy is the run's logged model (its one copy), not a second copy among the run's artifacts.
+    assert "loss_curve.png" in artifacts and "model" not in artifacts
+    (output,) = run.outputs.model_outputs
+    assert client.get_logged_model(output.model_id).source_run_id == result.run_id
