@@ -23,10 +23,11 @@ from evaluation.runner import EvalConfig
 from flows.distill import DistillFlowConfig, distill_flow
 from flows.evaluate import EvalFlowConfig, evaluate_flow
 from flows.pipeline_metrics import StageClock, headline_metrics
+from flows.pretrain import PretrainFlowConfig, pretrain_flow
 from flows.rl import RLFlowConfig, rl_flow
 from flows.sft import SFTFlowConfig, sft_flow
 from tasks.stages import default_store_uri
-from tasks.train import BasePolicyConfig, base_policy_task
+from tasks.train import BasePolicyConfig, PretrainConfig, base_policy_task
 from training.rl_trainer import RLConfig
 from training.sft_trainer import SFTConfig
 
@@ -34,7 +35,9 @@ from training.sft_trainer import SFTConfig
 class PipelineConfig(Config):
     store_uri: str = Field("", description="Artifact store; '' = $AFM_STORE_URI or <AFM_HOME>/artifacts.")
     distill: DistillConfig = Field(default_factory=DistillConfig, description="Stage 1: teacher rollouts + filters.")
-    policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="The policy SFT starts from.")
+    policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="The base policy.")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Optional causal LM of the base "
+                                                                                 "policy on training pages before SFT.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Stage 2 (model_path/dataset set by the pipeline).")
     rl: RLConfig = Field(default_factory=RLConfig, description="Stage 3 (policy/problems set by the pipeline).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Stage 4 (models set by the pipeline).")
@@ -64,8 +67,13 @@ def run_stages(config: PipelineConfig, run_id: str) -> dict:
     clock.lap("distill")
     base = base_policy_task(config.policy, dataset, store)
     clock.lap("policy")
+    start = base
+    if config.pretrain.enabled:
+        start = pretrain_flow(PretrainFlowConfig(store_uri=store, dataset=dataset, base_uri=base,
+                                                 pretrain=config.pretrain, parent_run_id=run_id))["uri"]
+        clock.lap("pretrain")
     sft = sft_flow(SFTFlowConfig(store_uri=store, parent_run_id=run_id, sft=config.sft.model_copy(
-        update={"model_path": base, "dataset": dataset["uri"]})))
+        update={"model_path": start, "dataset": dataset["uri"]})))
     clock.lap("sft")
     sft_model = registry_uri(sft, config.sft.registered_model_name)
     # RL starts from the registered SFT version, so the RL model's lineage links to it (afm lineage).
@@ -78,7 +86,8 @@ def run_stages(config: PipelineConfig, run_id: str) -> dict:
     clock.lap("eval")
     tracking.log_run_metrics(run_id, {**headline_metrics(sft, rl, report, clock.seconds), "seconds.total": clock.total()})
     summary = {
-        "dataset": dataset["uri"], "base_policy": base, "sft_model": sft["uri"], "rl_model": rl["uri"],
+        "dataset": dataset["uri"], "base_policy": base, **({"pretrained": start} if start != base else {}),
+        "sft_model": sft["uri"], "rl_model": rl["uri"],
         "registered": {k: v for k, v in models.items() if v.startswith("models:/")},
         "report": report["report"], "promotion": report["promotion"], "mlflow": tracking.configure_tracking(),
         "stages": {name: "cached" if out["cached"] else "ran" for name, out in

@@ -57,7 +57,8 @@ def retry_on_transient(task, task_run, state) -> bool:  # noqa: ARG001 (Prefect'
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 # The package each stage runs; the packages it imports are found by reading its source (code_packages).
 STAGE_PACKAGES: dict[str, str] = {
-    "distill": "distill", "policy": "models", "sft": "training", "rl": "training", "eval": "evaluation",
+    "distill": "distill", "policy": "models", "pretrain": "training", "sft": "training", "rl": "training",
+    "eval": "evaluation",
 }
 CORE_PACKAGE = "afm"
 DISTRIBUTION = "afm-platform"

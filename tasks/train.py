@@ -1,7 +1,7 @@
-"""Prefect tasks for the model stages: base policy, SFT, RL. Each caches by artifact manifest: the key hashes
+"""Prefect tasks for the model stages: base policy, pretraining, SFT, RL. Each caches by artifact manifest: the key hashes
 the stage config and the digests of its inputs, so a re-run with the same inputs skips the stage.
 
-Used by flows/sft.py, flows/rl.py and flows/pipeline.py; the training logic lives in `training/`.
+Used by flows/pretrain.py, flows/sft.py, flows/rl.py and flows/pipeline.py; the training logic lives in `training/`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from afm.storage import directory_files, open_store
 from models.format import read_jsonl, render_segments
 from models.tiny import TinyModelConfig, create_default_policy
 from models.tokenizer import NAME_PIECES_REGEX
+from agents.tools.search import read_corpus
 from problems.miniweb import serve_corpus
+from problems.pretrain_pages import pretraining_documents, write_text_jsonl
+from problems.world import WorldConfig
 from tasks.stages import default_store_uri, retry_on_transient, run_stage, stage_artifact, stage_key
 from training.rl_trainer import RLConfig, train_rl
 from training.sft_ray import train_sft
@@ -31,6 +34,23 @@ class BasePolicyConfig(Config):
                                             "directory); '' builds the tiny default from `tiny`.")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Tiny Qwen2 built from config.")
     vocab_size: int = Field(2048, ge=300, description="BPE vocabulary of the locally trained tokenizer.")
+
+
+def _pretrain_recipe() -> SFTConfig:
+    return SFTConfig(data_format="text", mlflow_experiment="pretrain", run_name="pretrain",
+                     registered_model_name="afm-base", checkpoint_every=200)
+
+
+class PretrainConfig(Config):
+    """Causal LM on the training worlds' pages before SFT (problems/pretrain_pages.py): the tiny default's
+    stand-in for a pretrained base model. A real checkpoint (policy.base_model) has had its pretraining."""
+
+    enabled: bool = Field(False, description="Run the pretraining stage between the base policy and SFT.")
+    extra_worlds: int = Field(0, ge=0, description="Fresh training worlds (train-split names only) whose pages are "
+                                                   "added to the dataset corpus's non-held-out pages.")
+    world: WorldConfig = Field(default_factory=WorldConfig, description="Generator settings of the extra worlds.")
+    train: SFTConfig = Field(default_factory=_pretrain_recipe, description="The trainer recipe (the SFT trainer "
+                             "with data_format=text; model_path and dataset are set by the stage).")
 
 
 def fetch(uri: str, local_dir: Path) -> Path:
@@ -86,6 +106,28 @@ def _model_artifact(stage: str, key: str, store_uri: str, train, parent_run_id: 
         return entries, {"stage_key": key, **result}
 
     return run_stage(stage, key, store_uri, produce, kind="model", upload=False)
+
+
+@task(name="pretrain", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
+def pretrain_task(cfg: PretrainConfig, dataset: dict, base_uri: str, store_uri: str = "",
+                  parent_run_id: str = "") -> dict:
+    """Causal LM of the base policy `base_uri` on the dataset corpus's training pages (+ extra worlds); returns
+    the pretrained policy's artifact manifest (registered as the base model, `cfg.train.registered_model_name`)."""
+    key = stage_key("pretrain", cfg, {"dataset": dataset["digest"], "base": base_uri})
+
+    def train(work_dir: Path) -> dict:
+        data = fetch(dataset["uri"], work_dir / "dataset")
+        pages = work_dir / "pages.jsonl"
+        n_docs = write_text_jsonl(pages, pretraining_documents(read_corpus(data / "corpus.jsonl"), cfg.world,
+                                                               cfg.extra_worlds))
+        result = train_sft(cfg.train.model_copy(update={
+            "model_path": base_uri, "dataset": str(pages), "data_format": "text", "output_dir": str(work_dir / "run")}))
+        return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,
+                "final_loss": result.final_loss, "steps": result.steps, "tokens_per_s": result.tokens_per_s,
+                "documents": n_docs}
+
+    inputs = [store_dataset(dataset, "corpus.jsonl", "training")]
+    return _model_artifact("pretrain", key, store_uri or default_store_uri(), train, parent_run_id, inputs)
 
 
 @task(name="sft", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from models.format import read_jsonl
 from training.sft_data import DataReport, SFTExample, build_examples, dataset_identity, pack_examples, resolve_dataset
+from training.text_data import build_text_examples, read_text_records
 
 if TYPE_CHECKING:
     from training.sft_trainer import SFTConfig
@@ -74,7 +75,7 @@ def rows_key(cfg: "SFTConfig", tokenizer: Any) -> str:
     _, digest = dataset_identity(cfg.dataset)
     tok = hashlib.sha256((tokenizer.backend_tokenizer.to_str() + (tokenizer.chat_template or "")).encode()).hexdigest()
     payload = {"dataset": digest, "tokenizer": tok, "system_prompt": cfg.system_prompt, "max_len": cfg.max_len,
-               "pack": cfg.pack}
+               "pack": cfg.pack, "data_format": cfg.data_format}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -84,7 +85,10 @@ def tokenized_rows(cfg: "SFTConfig", tokenizer: Any, builder: bool, work_dir: Pa
     path = Path(cfg.output_dir) / "rows" / f"rows-{rows_key(cfg, tokenizer)}.arrow"
     if builder and not path.is_file():
         data_path, _ = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
-        examples, report = build_examples(read_jsonl(data_path), tokenizer, cfg.system_prompt, cfg.max_len)
+        if cfg.data_format == "text":  # the pretraining stage: documents, every token a target
+            examples, report = build_text_examples(read_text_records(data_path), tokenizer, cfg.max_len)
+        else:
+            examples, report = build_examples(read_jsonl(data_path), tokenizer, cfg.system_prompt, cfg.max_len)
         rows = pack_examples(examples, cfg.max_len) if cfg.pack else [[e] for e in examples]
         write_rows(rows, report, path)
     if dist.is_initialized() and dist.get_world_size() > 1:

@@ -69,6 +69,9 @@ class SFTConfig(Config):
     dataset: str = Field("", description="Trajectories: an artifact (dir or s3:// URI with manifest.json) or a .jsonl "
                                          "file ('' only where the pipeline fills it in).")
     dataset_file: str = Field("train.jsonl", description="File inside the dataset artifact that holds the trajectories.")
+    data_format: Literal["trajectories", "text"] = Field("trajectories", description="trajectories: CoA trajectories, "
+                                                         "observations masked; text: {\"text\": ...} documents with every "
+                                                         "token a target (the pretraining stage, training/text_data.py).")
     system_prompt: str | None = Field(None, description="System prompt rendered before every question (None: none).")
     max_len: int = Field(512, ge=16, description="Longest training row in tokens; longer trajectories are cut at an observation boundary.")
     pack: bool = Field(True, description="Pack several examples per row (block-diagonal attention); False pads one example per row.")
