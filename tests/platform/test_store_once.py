@@ -31,17 +31,21 @@ def afm_home(tmp_path_factory):
         yield home
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
+def make_tiny_model(out: Path) -> Path:
+    """A real 2-layer Qwen2 checkpoint directory (random weights), as save_pretrained writes it."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    out = tmp_path_factory.mktemp("tiny") / "policy"
     Qwen2ForCausalLM(config).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "policy")
 
 
 def weight_files(root: Path) -> list[Path]:
