@@ -12,9 +12,10 @@ are produced).
 Every error is OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 for a request that does not
 validate (FastAPI's 422 included), 404 for an unknown model or route, 500 without a traceback (logged here).
 The driver (this process, so the CLI's MLFLOW_TRACKING_URI and AFM_HOME) resolves models:/, runs:/ and s3://
-URIs to a local copy before deploying; the replica gets that path, plus the tracking variables in its
-runtime_env. On a multi-node cluster give a path every node sees. Stopping shuts Serve down (the HTTP proxy
-too, so the port is free) and removes the copy. A port already in use is an error before anything starts.
+URIs to a local directory before deploying: a registered version whose one copy is on this machine is used in
+place, a remote one is downloaded. The replica gets that path, plus the tracking variables in its runtime_env.
+On a multi-node cluster give a path every node sees. Stopping shuts Serve down (the HTTP proxy too, so the port
+is free) and removes a downloaded copy. A port already in use is an error before anything starts.
 
 On CPU the model runs in the replica with transformers (serving/service.py). On GPU machines serve chat with
 vLLM's own OpenAI server (or `ray.serve.llm`) and keep this app for `/v1/agent`.

@@ -380,7 +380,8 @@ def train_rl(cfg: RLConfig) -> RLResult:
     if not cfg.resume and not cfg.checkpoint_uri:
         shutil.rmtree(storage, ignore_errors=True)
     storage_path, filesystem = ray_storage(storage)
-    # A local dir is used in place; models:/name@alias, runs:/ and s3:// URIs are downloaded first.
+    # A local dir (or a registered version whose one copy is on this machine) is used in place; other
+    # models:/name@alias, runs:/ and s3:// URIs are downloaded first.
     policy_dir = tracking.resolve_model_uri(cfg.policy, output_dir / "start-policy")
     with tracking.start_run(cfg.mlflow_experiment, cfg.run_name, params=cfg.model_dump(mode="json"),
                             tags={"stage": "rl"}) as run:
