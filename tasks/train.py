@@ -101,8 +101,10 @@ def _model_artifact(stage: str, key: str, store_uri: str, train, parent_run_id: 
         with tracking.stage_scope(parent_run_id, datasets, model_store=store,
                                   model_artifact=stage_artifact(stage, key), stage=stage) as scope:
             result = train(work_dir)
-        entries = scope.stored or store.upload_files(stage_artifact(stage, key),
-                                                     directory_files(Path(result["policy_dir"])))
+        policy_dir = Path(result.pop("policy_dir"))
+        entries = scope.stored or store.upload_files(stage_artifact(stage, key), directory_files(policy_dir))
+        # The stored artifact is now the policy's one copy: the trainer's export in the work dir goes.
+        shutil.rmtree(policy_dir)
         return entries, {"stage_key": key, **result}
 
     return run_stage(stage, key, store_uri, produce, kind="model", upload=False)

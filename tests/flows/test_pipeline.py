@@ -81,4 +81,6 @@ def check_pipeline_runs(home, run_id: str) -> None:
     for child in children:
         sources = [d.dataset.source for d in child.inputs.dataset_inputs]
         assert sources and all("/artifacts/stages/distill-" in s for s in sources), (child.info.run_name, sources)
-    assert not list((home / "mlartifacts").rglob("model.safetensors")), "weights stored once, in the stage store"
+    assert not list((home / "mlartifacts").rglob("model.safetensors")), "a policy copy in MLflow's artifacts"
+    for stage in ("sft", "rl"):  # the trained policies' exports are removed once stored
+        assert not list((home / "work").glob(f"{stage}-*/**/model.safetensors")), f"a {stage} copy in work/"

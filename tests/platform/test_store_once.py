@@ -71,8 +71,9 @@ def check_stored_once(afm_home, store_uri: str, manifest: dict, name: str, tiny_
     mv = client.get_model_version(name, version)
     assert mv.source == manifest["uri"], "the version points at the stage's artifact"
     assert WEIGHTS in manifest["files"] and "config.json" in manifest["files"]
-    # One copy: MLflow's artifact root holds no weights (only the external model's MLmodel stub).
-    assert weight_files(afm_home / "mlartifacts") == []
+    # One copy: MLflow's artifact root holds no weights (only the external model's MLmodel stub), and the
+    # trainer's export in the stage's work dir is gone once stored.
+    assert weight_files(afm_home / "mlartifacts") == [] and weight_files(afm_home / "work") == []
     # A logged model linked to its run (the runs table's Models column) records where the files are.
     run = client.get_run(manifest["extra"]["run_id"])
     (output,) = run.outputs.model_outputs
