@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from prefect import task
@@ -36,9 +37,16 @@ class BasePolicyConfig(Config):
     vocab_size: int = Field(2048, ge=300, description="BPE vocabulary of the locally trained tokenizer.")
 
 
-def _pretrain_recipe() -> SFTConfig:
-    return SFTConfig(data_format="text", mlflow_experiment="pretrain", run_name="pretrain",
-                     registered_model_name="afm-base", checkpoint_every=200)
+class PretrainRecipe(SFTConfig):
+    """The SFT trainer's config with the pretraining stage's defaults (a YAML `pretrain.train` section that sets
+    a few fields keeps these for the rest)."""
+
+    data_format: Literal["trajectories", "text"] = Field("text", description="Documents, every token a target.")
+    mlflow_experiment: str = Field("pretrain", description="MLflow experiment of the run.")
+    run_name: str = Field("pretrain", description="MLflow run name (and Ray Train run name).")
+    registered_model_name: str = Field("afm-base", description="The pretrained base is registered as a new "
+                                                               "version of this model.")
+    checkpoint_every: int = Field(200, ge=1, description="Save a checkpoint every N optimizer steps (and at the end).")
 
 
 class PretrainConfig(Config):
@@ -49,8 +57,8 @@ class PretrainConfig(Config):
     extra_worlds: int = Field(0, ge=0, description="Fresh training worlds (train-split names only) whose pages are "
                                                    "added to the dataset corpus's non-held-out pages.")
     world: WorldConfig = Field(default_factory=WorldConfig, description="Generator settings of the extra worlds.")
-    train: SFTConfig = Field(default_factory=_pretrain_recipe, description="The trainer recipe (the SFT trainer "
-                             "with data_format=text; model_path and dataset are set by the stage).")
+    train: PretrainRecipe = Field(default_factory=PretrainRecipe, description="The trainer recipe (the SFT "
+                                  "trainer on text; model_path and dataset are set by the stage).")
 
 
 def fetch(uri: str, local_dir: Path) -> Path:

@@ -1,6 +1,6 @@
-"""The pipeline end to end through the real CLI on the smallest recipe: every stage runs for real; after a
-failure in the middle stage (SFT, here given a dataset file its artifact does not have) a re-run resumes:
-distill and the base policy come from their manifests and are not redone.
+"""The pipeline end to end through the real CLI on the smallest recipe: every stage runs for real (pretraining
+included); after a failure in the middle stage (SFT, here given a dataset file its artifact does not have) a
+re-run resumes: distill, the base policy and the pretrained base come from their manifests and are not redone.
 
 The pipeline runs in subprocesses (as `make run` does), so the Ray and Ray Train sessions it starts never
 leak into the test process."""
@@ -41,7 +41,7 @@ def test_pipeline_resumes_after_failure_in_middle_stage(tmp_path):
     assert "missing.jsonl" in failed.stdout + failed.stderr
     stages = home / "artifacts" / "stages"
     done = sorted(d.name.split("-")[0] for d in stages.iterdir() if (d / "manifest.json").is_file())
-    assert done == ["distill", "policy"], "only the stages before the failure are complete"
+    assert done == ["distill", "policy", "pretrain"], "only the stages before the failure are complete"
     assert not [d for d in stages.iterdir() if d.name.startswith("sft-")], "a failed stage leaves no artifact"
     distill_manifest = next(stages.glob("distill-*/manifest.json")).read_bytes()
 
@@ -53,7 +53,8 @@ def test_pipeline_resumes_after_failure_in_middle_stage(tmp_path):
     assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "registered")) == {
         "sft": "models:/afm-sft/1", "rl": "models:/afm-rl/1"}
     assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "promotion"))["alias"] == "champion"
-    for stage in ("distill", "policy", "sft", "rl", "eval"):
+    assert "/artifacts/stages/pretrain-" in summary_field(resumed.stdout + resumed.stderr, "pretrained")
+    for stage in ("distill", "policy", "pretrain", "sft", "rl", "eval"):
         assert len(list(stages.glob(f"{stage}-*/manifest.json"))) == 1, stage
     check_pipeline_runs(home, summary_field(resumed.stdout + resumed.stderr, "pipeline_run"))
 
