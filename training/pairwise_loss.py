@@ -22,13 +22,19 @@ Usage:
     out = pairwise_loss(model, batch, PairwiseConfig().alpha); out.loss.backward()
     out.chosen_logp, out.rejected_logp          # P̄ per pair (detached), for logging the margin
 
-Not here yet (issue #23): the stage wiring (Ray Train path, checkpoints, MLflow run); the full (tokens x vocab)
-log-softmax is taken at once, so long rows of a 152k-vocab model need the chunked head of training/sft_loss.py.
+In the SFT trainer (`sft.objective: pairwise`, `data_format: pairs`): `build_pair_examples` turns pair records into
+(chosen, rejected) examples, `pack_pairs` packs whole pairs into rows laid out [c0, r0, c1, r1, ...] (the row table
+stores them like any SFT rows), and `pairwise_loss_sum` is the trainer's loss: the SUM over the micro-batch's pairs,
+LM head only on labelled positions and in chunks (as training/sft_loss.py), so gradient accumulation and data
+parallelism weight every pair of a step once (the trainer divides by the step's global pair count).
 """
 from __future__ import annotations
 
+import bisect
+import json
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from pathlib import Path
+from typing import Iterable, Iterator, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +44,10 @@ from transformers import PreTrainedTokenizerBase
 from afm.config import Config
 from models.format import parse_segments
 from models.tokenizer import encode_prompt, encode_segment, encode_untrusted
-from training.sft_data import IGNORE_INDEX, SFTExample, collate_rows, model_inputs
+from torch.utils.checkpoint import checkpoint
+
+from training.parallel import hf_model
+from training.sft_data import IGNORE_INDEX, DataReport, SFTExample, collate_rows, model_inputs, target_positions
 
 TagStyle = Literal["afm", "plain"]
 
@@ -125,3 +134,107 @@ def pairwise_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], alpha:
     """One forward of the packed pair batch through `model` (a causal LM), then the objective."""
     logits = model(**model_inputs(batch)).logits
     return pairwise_loss_from_logits(logits, batch, alpha)
+
+
+def read_pair_dicts(path: str | Path) -> Iterator[dict]:
+    """Pair records (distill/autocoa_pairs.py's JSONL) as dicts; a line that is not an object with the string fields
+    question/prefix/chosen/rejected raises ValueError naming file and line."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not all(isinstance(record.get(k), str) for k in ("question", "prefix", "chosen", "rejected")):
+                    raise ValueError("question/prefix/chosen/rejected must be strings")
+            except (json.JSONDecodeError, ValueError, AttributeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a pair record: {exc}") from exc
+            yield record
+
+
+def build_pair_examples(records: Iterable[dict], tokenizer: PreTrainedTokenizerBase, system_prompt: str | None,
+                        max_len: int) -> tuple[list[tuple[SFTExample, SFTExample]], DataReport]:
+    """(chosen, rejected) examples of every pair whose two branches fit one row of `max_len` together (a pair is
+    never cut: truncating a branch would change what is contrasted). `report.trajectories` counts pairs,
+    `examples` branches."""
+    report, pairs = DataReport(), []
+    for record in records:
+        report.trajectories += 1
+        pair = tuple(continuation_example(tokenizer, record["question"], record["prefix"], record[k], system_prompt,
+                                          record.get("tags", "afm")) for k in ("chosen", "rejected"))
+        if len(pair[0]) + len(pair[1]) > max_len:
+            report.dropped_too_long += 1
+            report.dropped_ids.append(str(record.get("id", report.trajectories - 1)))
+            continue
+        pairs.append(pair)
+        report.tokens += len(pair[0]) + len(pair[1])
+        report.target_tokens += pair[0].n_targets + pair[1].n_targets
+    report.examples = 2 * len(pairs)
+    return pairs, report
+
+
+def pack_pairs(pairs: Sequence[tuple[SFTExample, SFTExample]], max_len: int, pack: bool = True) -> list[list[SFTExample]]:
+    """Rows of whole pairs, laid out [c0, r0, c1, r1, ...]: best-fit decreasing on a pair's total length (as
+    sft_data.pack_examples), or one pair per row when `pack` is False."""
+    if not pack:
+        return [[c, r] for c, r in pairs]
+    order = sorted(range(len(pairs)), key=lambda i: (-(len(pairs[i][0]) + len(pairs[i][1])), i))
+    rows: list[list[SFTExample]] = []
+    rooms: list[tuple[int, int]] = []  # (room left, row index), sorted: bisect finds the tightest row that fits
+    for i in order:
+        length = len(pairs[i][0]) + len(pairs[i][1])
+        pos = bisect.bisect_left(rooms, (length, -1))
+        if pos == len(rooms):
+            rows.append(list(pairs[i]))
+            bisect.insort(rooms, (max_len - length, len(rows) - 1))
+            continue
+        room, row = rooms.pop(pos)
+        rows[row].extend(pairs[i])
+        bisect.insort(rooms, (room - length, row))
+    return rows
+
+
+def count_pairs(batch: dict[str, torch.Tensor]) -> int:
+    """Pairs in a collate_rows batch of pair rows (two examples a pair; every example starts at position 0)."""
+    return int((batch["position_ids"][0] == 0).sum()) // 2
+
+
+@dataclass
+class PairwiseSums:
+    loss_sum: torch.Tensor  # sum over the batch's pairs of the objective, differentiable
+    chosen_logp: torch.Tensor  # P̄_chosen per pair, detached
+    rejected_logp: torch.Tensor  # P̄_rejected per pair, detached
+
+
+def pairwise_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], alpha: float,
+                      chunk_tokens: int = 2048) -> PairwiseSums:
+    """The objective summed over the pairs of a batch of pair rows ([c, r, c, r, ...] per row, collate_rows).
+
+    Only labelled positions reach the LM head, `chunk_tokens` at a time under a non-reentrant checkpoint, so at
+    most one chunk of fp32 (tokens x vocab) log-probabilities exists at once (a 152k vocabulary on long rows)."""
+    keep = target_positions(batch).to(batch["input_ids"].device)
+    out = model(**model_inputs(batch), logits_to_keep=keep[:0], output_hidden_states=True)
+    hidden = out.hidden_states[-1][0, keep]
+    targets = batch["labels"][0, keep + 1]
+    head = hf_model(model).get_output_embeddings()
+
+    def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(head(h).float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
+
+    if hidden.shape[0] <= chunk_tokens:
+        token_logp = piece(hidden, targets)
+    else:
+        token_logp = torch.cat([checkpoint(piece, hidden[s:s + chunk_tokens], targets[s:s + chunk_tokens],
+                                           use_reentrant=False) for s in range(0, hidden.shape[0], chunk_tokens)])
+    # Example number of each position: positions restart at 0 per example; position t+1's example owns target t.
+    starts = (batch["position_ids"][0] == 0).long()
+    owner = (torch.cumsum(starts, 0) - 1).to(keep.device)[keep + 1]
+    n_examples = int(starts.sum())
+    sums = torch.zeros(n_examples, dtype=torch.float32, device=hidden.device).index_add(0, owner, token_logp)
+    counts = torch.bincount(owner, minlength=n_examples)
+    if bool((counts == 0).any()):
+        raise ValueError(f"examples {(counts == 0).nonzero().flatten().tolist()} have no labelled token")
+    mean = sums / counts
+    chosen, rejected = mean[0::2], mean[1::2]
+    loss = (-F.logsigmoid(chosen - rejected) - alpha * chosen).sum()
+    return PairwiseSums(loss, chosen.detach(), rejected.detach())

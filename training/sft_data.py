@@ -85,11 +85,18 @@ class DataReport:
         }
 
 
-def labels_from_mask(encoded: EncodedExample) -> SFTExample:
-    """Labels = ids where loss_mask is 1, else -100; the first token is never a target (see module doc)."""
+def labels_from_mask(encoded: EncodedExample, learn_observations: bool = False) -> SFTExample:
+    """Labels = ids where loss_mask is 1, else -100; the first token is never a target (see module doc).
+
+    `learn_observations` (AutoCoA's world-model stage): every token after the prompt is a target, observations
+    included, so the model learns to predict what the tools return."""
     if len(encoded.input_ids) != len(encoded.loss_mask):
         raise ValueError(f"input_ids ({len(encoded.input_ids)}) and loss_mask ({len(encoded.loss_mask)}) differ in length")
-    labels = [tok if keep else IGNORE_INDEX for tok, keep in zip(encoded.input_ids, encoded.loss_mask)]
+    mask = encoded.loss_mask
+    if learn_observations:
+        prompt_end = next((i for i, keep in enumerate(mask) if keep), len(mask))
+        mask = [0] * prompt_end + [1] * (len(mask) - prompt_end)
+    labels = [tok if keep else IGNORE_INDEX for tok, keep in zip(encoded.input_ids, mask)]
     if labels:
         labels[0] = IGNORE_INDEX
     return SFTExample(list(encoded.input_ids), labels)
@@ -120,8 +127,10 @@ def build_examples(
     tokenizer: PreTrainedTokenizerBase,
     system_prompt: str | None,
     max_len: int,
+    learn_observations: bool = False,
 ) -> tuple[list[SFTExample], DataReport]:
-    """Encode, truncate and label every trajectory; returns the kept examples and a report of what was cut."""
+    """Encode, truncate and label every trajectory; returns the kept examples and a report of what was cut.
+    Truncation still cuts at observation ends when observations are learned (a call keeps its observation)."""
     report = DataReport()
     examples: list[SFTExample] = []
     for traj in trajectories:
@@ -134,7 +143,7 @@ def build_examples(
             continue
         if fitted is not encoded:
             report.truncated += 1
-        example = labels_from_mask(fitted)
+        example = labels_from_mask(fitted, learn_observations)
         examples.append(example)
         report.tokens += len(example)
         report.target_tokens += example.n_targets

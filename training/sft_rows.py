@@ -8,7 +8,7 @@ tokens, on every worker). Now one process per machine (local rank 0) tokenizes a
 `<output_dir>/rows/rows-<key>.arrow` (Arrow IPC, uncompressed, written to a temp name and renamed), and every
 worker on that machine maps the same file: the operating system shares its pages, and a worker touches only
 the rows of its own micro-batches. The key hashes what the rows depend on: the dataset digest, the tokenizer
-(vocabulary, merges, added tokens, chat template), the system prompt, max_len and packing; a second run
+(vocabulary, merges, added tokens, chat template), the system prompt, max_len, packing, data format and observation labels; a second run
 with the same inputs reuses the file.
 
 Layout: one record per packed row: `input_ids` and `labels` (list<int32>, the row's examples concatenated),
@@ -28,6 +28,7 @@ import pyarrow as pa
 import torch.distributed as dist
 
 from models.format import read_jsonl
+from training.pairwise_loss import build_pair_examples, pack_pairs, read_pair_dicts
 from training.sft_data import DataReport, SFTExample, build_examples, dataset_identity, pack_examples, resolve_dataset
 from training.text_data import build_text_examples, read_text_records
 
@@ -75,7 +76,7 @@ def rows_key(cfg: "SFTConfig", tokenizer: Any) -> str:
     _, digest = dataset_identity(cfg.dataset)
     tok = hashlib.sha256((tokenizer.backend_tokenizer.to_str() + (tokenizer.chat_template or "")).encode()).hexdigest()
     payload = {"dataset": digest, "tokenizer": tok, "system_prompt": cfg.system_prompt, "max_len": cfg.max_len,
-               "pack": cfg.pack, "data_format": cfg.data_format}
+               "pack": cfg.pack, "data_format": cfg.data_format, "learn_observations": cfg.learn_observations}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -85,11 +86,16 @@ def tokenized_rows(cfg: "SFTConfig", tokenizer: Any, builder: bool, work_dir: Pa
     path = Path(cfg.output_dir) / "rows" / f"rows-{rows_key(cfg, tokenizer)}.arrow"
     if builder and not path.is_file():
         data_path, _ = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
-        if cfg.data_format == "text":  # the pretraining stage: documents, every token a target
-            examples, report = build_text_examples(read_text_records(data_path), tokenizer, cfg.max_len)
+        if cfg.data_format == "pairs":  # AutoCoA's when-to-act pairs: rows of whole pairs [c, r, c, r, ...]
+            pairs, report = build_pair_examples(read_pair_dicts(data_path), tokenizer, cfg.system_prompt, cfg.max_len)
+            rows = pack_pairs(pairs, cfg.max_len, cfg.pack)
         else:
-            examples, report = build_examples(read_jsonl(data_path), tokenizer, cfg.system_prompt, cfg.max_len)
-        rows = pack_examples(examples, cfg.max_len) if cfg.pack else [[e] for e in examples]
+            if cfg.data_format == "text":  # the pretraining stage: documents, every token a target
+                examples, report = build_text_examples(read_text_records(data_path), tokenizer, cfg.max_len)
+            else:
+                examples, report = build_examples(read_jsonl(data_path), tokenizer, cfg.system_prompt, cfg.max_len,
+                                                  cfg.learn_observations)
+            rows = pack_examples(examples, cfg.max_len) if cfg.pack else [[e] for e in examples]
         write_rows(rows, report, path)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()

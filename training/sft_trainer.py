@@ -56,6 +56,7 @@ from training.parallel import (
     Parallelism, clip_grad_norm, fill_from_rank0, grad_sync, hf_model, parallelize, single_process_group,
 )
 from training.sft_data import DataReport, collate_rows, count_targets, dataset_identity, epoch_row_order
+from training.pairwise_loss import count_pairs, pairwise_loss_sum
 from training.sft_loss import token_loss_sum
 from training.sft_rows import RowTable, tokenized_rows
 from training.varlen_attention import PackedAttention, packed_attention_for
@@ -69,9 +70,16 @@ class SFTConfig(Config):
     dataset: str = Field("", description="Trajectories: an artifact (dir or s3:// URI with manifest.json) or a .jsonl "
                                          "file ('' only where the pipeline fills it in).")
     dataset_file: str = Field("train.jsonl", description="File inside the dataset artifact that holds the trajectories.")
-    data_format: Literal["trajectories", "text"] = Field("trajectories", description="trajectories: CoA trajectories, "
-                                                         "observations masked; text: {\"text\": ...} documents with every "
-                                                         "token a target (the pretraining stage, training/text_data.py).")
+    data_format: Literal["trajectories", "text", "pairs"] = Field(
+        "trajectories", description="trajectories: CoA trajectories, observations masked; text: {\"text\": ...} "
+                                    "documents with every token a target (the pretraining stage, training/text_data.py); "
+                                    "pairs: AutoCoA when-to-act pairs (distill/autocoa_pairs.py), needs objective=pairwise.")
+    objective: Literal["sft", "pairwise"] = Field("sft", description="sft: next-token cross-entropy, token-weighted; "
+                                                  "pairwise: AutoCoA's -log σ(P̄_chosen - P̄_rejected) - α·P̄_chosen, "
+                                                  "pair-weighted (training/pairwise_loss.py).")
+    pairwise_alpha: float = Field(0.2, ge=0.0, description="α of the pairwise objective (weight of -P̄_chosen); AutoCoA: 0.2.")
+    learn_observations: bool = Field(False, description="trajectories only: observation tokens are targets too "
+                                                        "(AutoCoA stage 3, the world model); False masks them (AFM SFT).")
     system_prompt: str | None = Field(None, description="System prompt rendered before every question (None: none).")
     max_len: int = Field(512, ge=16, description="Longest training row in tokens; longer trajectories are cut at an observation boundary.")
     pack: bool = Field(True, description="Pack several examples per row (block-diagonal attention); False pads one example per row.")
@@ -198,6 +206,27 @@ class TrainParts:
     policy_dtype: torch.dtype  # the training dtype the final policy is saved in
 
 
+def check_objective(cfg: SFTConfig) -> None:
+    """Pairs only make sense under the pairwise objective and vice versa; observation labels only on trajectories."""
+    if (cfg.objective == "pairwise") != (cfg.data_format == "pairs"):
+        raise ValueError(f"objective={cfg.objective} with data_format={cfg.data_format}: the pairwise objective "
+                         f"trains on data_format=pairs and only on it")
+    if cfg.learn_observations and cfg.data_format != "trajectories":
+        raise ValueError("learn_observations applies to data_format=trajectories only")
+
+
+def loss_units(cfg: SFTConfig, batch: dict) -> int:
+    """What a step's loss is averaged over: target tokens (sft) or pairs (pairwise)."""
+    return count_pairs(batch) if cfg.objective == "pairwise" else count_targets(batch)
+
+
+def batch_loss_sum(model: torch.nn.Module, cfg: SFTConfig, batch: dict) -> torch.Tensor:
+    """The micro-batch's loss summed over its units (tokens or pairs)."""
+    if cfg.objective == "pairwise":
+        return pairwise_loss_sum(model, batch, cfg.pairwise_alpha, cfg.loss_chunk_tokens).loss_sum
+    return token_loss_sum(model, batch, cfg.loss_chunk_tokens)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -215,6 +244,7 @@ def adamw(model: torch.nn.Module, cfg: SFTConfig) -> torch.optim.AdamW:
 
 def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     """Seed, load the policy and data, pack rows, build optimizer/schedule, resume from the latest checkpoint."""
+    check_objective(cfg)
     seed_everything(cfg.seed)
     # fp32 master weights on every path; bf16 exists only as FSDP's compute copy or DDP's autocast (GPU).
     # FSDP on several workers: only rank 0 reads the weights, the others get their shards from it.
@@ -298,9 +328,9 @@ def train_step(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, batches: l
     for i, batch in enumerate(batches):
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
         # DDP and FSDP average gradients over workers; scaling by world_size / global_targets turns that into a
-        # sum over every target token of the step divided by their count (token-weighted mean).
+        # sum over every target token (pair, for the pairwise objective) of the step divided by their count.
         with grad_sync(model, enabled=i == len(batches) - 1), autocast:
-            summed = token_loss_sum(model, batch, cfg.loss_chunk_tokens)
+            summed = batch_loss_sum(model, cfg, batch)
             (summed * (ctx.world_size / global_targets)).backward()
         loss_sum += summed.item()
     grad_norm = clip_grad_norm(model, cfg.max_grad_norm)
@@ -336,7 +366,7 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: Metrics
             order, order_epoch = epoch_row_order(len(parts.rows), cfg.seed, epoch), epoch
         batches, local_tokens = step_micro_batches(parts, cfg, ctx, step, order)
         out_of_time = float(cfg.time_budget_s is not None and elapsed_s >= cfg.time_budget_s)
-        targets, tokens, stop = all_reduce_sum([sum(count_targets(b) for b in batches), local_tokens, out_of_time], ctx)
+        targets, tokens, stop = all_reduce_sum([sum(loss_units(cfg, b) for b in batches), local_tokens, out_of_time], ctx)
         if stop:  # every worker sees the same sum, so all stop at the same step
             break
         loss_sum, grad_norm = train_step(parts, cfg, ctx, batches, targets)
