@@ -22,15 +22,6 @@ from tasks.train import _model_artifact
 WEIGHTS = "model.safetensors"
 
 
-@pytest.fixture(scope="module")
-def afm_home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("afm_home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AFM_HOME", str(home))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        yield home
-
-
 def make_tiny_model(out: Path) -> Path:
     """A real 2-layer Qwen2 checkpoint directory (random weights), as save_pretrained writes it."""
     import torch

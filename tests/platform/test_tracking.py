@@ -17,16 +17,6 @@ CANARY = "sk-canary" + "0123456789abcdefXYZ"
 
 
 @pytest.fixture(scope="module")
-def afm_home(tmp_path_factory):
-    """One SQLite store per module: its first use runs MLflow's migrations (~2 s), so tests share it."""
-    home = tmp_path_factory.mktemp("afm_home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AFM_HOME", str(home))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        yield home
-
-
-@pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """A real 2-layer Qwen2 checkpoint directory (random weights), as save_pretrained writes it."""
     import torch
