@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from afm.config import Config
 from afm.tracking import TOOLS_DIR
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
-from models.engines.hf import HFEngine, sample_next_tokens
+from models.engines.hf import HFEngine, cache_kwarg, sample_next_tokens
 from models.format import STOP_STRINGS, render_segments
 from models.policy import load_policy
 from models.tokenizer import decode, encode_prompt
@@ -153,10 +153,10 @@ class AgentService:
                 seed: int | None) -> Iterator[int]:
         """Sampled token ids one at a time (KV cache, same sampling as HFEngine), until eos or `max_new`."""
         generator = torch.Generator().manual_seed(seed) if seed is not None and temperature > 0 else None
-        cache, ids = DynamicCache(), torch.tensor([prompt])
+        cache, ids = {cache_kwarg(self.model): DynamicCache()}, torch.tensor([prompt])
         with torch.no_grad():
             for _ in range(max_new):
-                logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                logits = self.model(input_ids=ids, **cache, use_cache=True, logits_to_keep=1).logits[:, -1]
                 token, _ = sample_next_tokens(logits, temperature, top_p, generator)
                 if int(token[0]) in self.engine.eos_ids:
                     return

@@ -44,6 +44,15 @@ def key(ep) -> tuple:
     return ep.prompt_index, ep.sample_index
 
 
+def _pid_or_none(actor) -> int | None:
+    import ray
+
+    try:
+        return ray.get(actor.pid.remote(), timeout=30)
+    except Exception:  # dead or restarting: not answering yet
+        return None
+
+
 def test_every_sync_reaches_every_actor_even_a_restarted_one(ray_cluster, sft_policy_dir, tmp_path):
     import ray
 
@@ -56,8 +65,14 @@ def test_every_sync_reaches_every_actor_even_a_restarted_one(ray_cluster, sft_po
                 tensor.add_(0.01 * (round_ + 1))
             pool.sync(state)
             assert pool.checksums() == [weights_checksum(state)] * 2
+        old_pid = ray.get(pool.actors[1].pid.remote())
         ray.kill(pool.actors[1], no_restart=False)  # Ray restarts it with the start policy (version 0)
-        with pytest.raises(Exception):
+        # ray.kill is asynchronous: a call sent at once can still reach the old process, so wait for the new one
+        deadline = time.monotonic() + 120
+        while _pid_or_none(pool.actors[1]) in (old_pid, None):
+            assert time.monotonic() < deadline, "Ray did not restart the killed actor within 120 s"
+            time.sleep(0.5)
+        with pytest.raises(Exception, match="holds weights v0"):
             ray.get(pool.actors[1].rollout.remote(pool.version, [], [], ROLLOUT, 0))  # stale: refuses work
         pool._resync(1)
         assert pool.checksums() == [weights_checksum(state)] * 2
