@@ -32,7 +32,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -42,6 +42,7 @@ from training.pairwise_loss import TagStyle, continuation_example
 from training.sft_data import SFTExample
 
 CASES = ("info_missing", "info_present")
+T = TypeVar("T")
 
 
 class PairFormatError(ValueError):
@@ -185,15 +186,16 @@ def pair_examples(tokenizer: PreTrainedTokenizerBase, pair: PairRecord,
                  for text in (pair.chosen, pair.rejected))
 
 
-def write_pairs(path: str | Path, pairs: Iterable[PairRecord]) -> int:
-    """One JSON object per line; atomic (temp file renamed over `path`). Returns the count."""
+def write_records(path: str | Path, records: Iterable[Any]) -> int:
+    """Dataclass records (pairs, evaluation/world_model.py's observation examples) one JSON object per line;
+    atomic (temp file renamed over `path`). Returns the count."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     n = 0
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            for pair in pairs:
-                f.write(json.dumps(pair.to_dict(), ensure_ascii=False) + "\n")
+            for record in records:
+                f.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
                 n += 1
         os.replace(tmp, path)
     finally:
@@ -201,13 +203,24 @@ def write_pairs(path: str | Path, pairs: Iterable[PairRecord]) -> int:
     return n
 
 
-def read_pairs(path: str | Path) -> Iterator[PairRecord]:
-    """Pairs from `write_pairs`; a malformed line raises PairFormatError naming file and line."""
+def read_records(path: str | Path, from_dict: Callable[[dict], T], what: str,
+                 error: type[ValueError] = ValueError) -> Iterator[T]:
+    """`from_dict` of every line of a `write_records` file; a malformed line raises `error` naming file and line."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield PairRecord.from_dict(json.loads(line))
+                yield from_dict(json.loads(line))
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                raise PairFormatError(f"{path}:{lineno}: not a pair record: {exc}") from exc
+                raise error(f"{path}:{lineno}: not {what}: {exc}") from exc
+
+
+def write_pairs(path: str | Path, pairs: Iterable[PairRecord]) -> int:
+    """One JSON object per line; atomic (temp file renamed over `path`). Returns the count."""
+    return write_records(path, pairs)
+
+
+def read_pairs(path: str | Path) -> Iterator[PairRecord]:
+    """Pairs from `write_pairs`; a malformed line raises PairFormatError naming file and line."""
+    return read_records(path, PairRecord.from_dict, "a pair record", PairFormatError)

@@ -42,3 +42,17 @@ def teacher_runs(world_setup, toolbox):
     return [(p, mas_log_to_trajectory(run_mas(p, ScriptedOracleBackend(knowledge, 0.5, 0.3, seed=i), toolbox,
                                               TeacherConfig())))
             for i, p in enumerate(problems)]
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(world_setup, teacher_runs, tmp_path_factory):
+    """A distill-stage dataset directory of the small world: train.jsonl (the teacher's trajectories),
+    problems.jsonl (all problems, computation ones included) and eval_heldout.jsonl (a few world problems)."""
+    from models.format import write_jsonl
+    from problems.records import write_problems
+
+    out = tmp_path_factory.mktemp("dataset")
+    write_jsonl(out / "train.jsonl", [traj for _, traj in teacher_runs])
+    write_problems(out / "problems.jsonl", world_setup.problems)
+    write_problems(out / "eval_heldout.jsonl", [p for p, _ in teacher_runs[:4]])
+    return out
