@@ -377,14 +377,17 @@ class RolloutStats:
     observation_tokens: int
     generation_s: float
     tool_s: float
-    tool_calls_per_episode: float
+    tool_calls_per_episode: float  # every call the policy made, simulated ones included (its action rate)
     status_counts: dict[str, int]
+    real_tool_calls: int = 0  # calls a tool actually ran for (not simulated_env's imagined ones): the tool cost
+    real_tool_calls_per_episode: float = 0.0
 
 
 def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
-    """Totals for logging: token counts, time split, tool calls and finish statuses."""
+    """Totals for logging: token counts, time split, tool calls (all, and real ones) and finish statuses."""
     generated = sum(sum(ep.loss_mask) for ep in episodes)
     total = sum(len(ep.response_ids) for ep in episodes)
+    real = sum(call.status != "simulated" for ep in episodes for call in ep.tool_calls)
     return RolloutStats(
         episodes=len(episodes),
         generated_tokens=generated,
@@ -393,4 +396,6 @@ def rollout_stats(episodes: Sequence[Episode]) -> RolloutStats:
         tool_s=sum(ep.tool_s for ep in episodes),
         tool_calls_per_episode=sum(len(ep.tool_calls) for ep in episodes) / max(len(episodes), 1),
         status_counts={s: sum(ep.status == s for ep in episodes) for s in STATUSES},
+        real_tool_calls=real,
+        real_tool_calls_per_episode=real / max(len(episodes), 1),
     )

@@ -121,6 +121,8 @@ class RLResult:
     run_id: str
     model_version: str
     history: list[dict[str, float]] = field(default_factory=list)
+    real_tool_calls: int = 0  # tools actually run over every step of the run (simulated_env's imagined calls: none)
+    wall_s: float = 0.0  # this invocation of train_rl, start to registered model
 
 
 # ---------------------------------------------------------------- rank 0's part of a step: episodes -> batch
@@ -217,6 +219,8 @@ def collect_step(pool: Any, problems: list[Problem], cursor: int, step: int, cfg
         "format_ok": sum(s.format_score for s in scores_all) / len(scores_all),
         "response_tokens_mean": sum(lengths) / len(lengths),
         "tool_calls_per_episode": stats.tool_calls_per_episode,
+        "real_tool_calls": float(stats.real_tool_calls),  # refill rounds' episodes included: their tools ran too
+        "real_tool_calls_per_episode": stats.real_tool_calls_per_episode,
         "turns_mean": sum(ep.turns for ep in episodes_all) / len(episodes_all),
         "groups_kept": float(len(groups)),
         "groups_sampled": float(sampled),
@@ -370,6 +374,7 @@ def train_rl(cfg: RLConfig) -> RLResult:
     from training.rl_pool import RolloutPool
     from training.sft_ray import move_policy, ray_storage
 
+    started = time.perf_counter()
     if not ray.is_initialized():
         init_local_ray()
     output_dir = Path(cfg.output_dir)
@@ -416,4 +421,8 @@ def train_rl(cfg: RLConfig) -> RLResult:
         # data is the RL problem set: its store URI and sha256 when it was fetched from the store.
         tags = lineage_tags("rl", run_id, cfg.policy, model_run_id(cfg.policy), *file_identity(Path(cfg.problems_path)))
         version = tracking.register_model(model_dir, cfg.registered_model_name, tags={**tags, "steps": len(history)})
-    return RLResult(model_dir=model_dir, run_id=run_id, model_version=version, history=history)
+        # AutoCoA's cost comparison (simulated-then-real vs all-real RL): the run's real tool calls and wall time
+        real_calls, wall_s = int(sum(h.get("real_tool_calls", 0) for h in history)), time.perf_counter() - started
+        tracking.log_metrics({"total_real_tool_calls": real_calls, "wall_s": wall_s}, step=len(history))
+    return RLResult(model_dir=model_dir, run_id=run_id, model_version=version, history=history,
+                    real_tool_calls=real_calls, wall_s=wall_s)
