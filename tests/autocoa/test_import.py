@@ -1,5 +1,6 @@
-"""Importer of AutoCoA's released pair format (sharegpt ranking) on small files written here: mapping, case
-detection, tokenization as plain text, and errors that name file and line.
+"""Importers of AutoCoA's released formats on small files written here: the pair format (sharegpt ranking: mapping,
+case detection, tokenization as plain text) and the CoA/CoT message files (-> valid trajectories), with errors
+that name file and line.
 
     .venv/bin/python -m pytest tests/autocoa/test_import.py -q
 """
@@ -9,8 +10,10 @@ import json
 
 import pytest
 
-from distill.autocoa_import import import_autocoa_pairs
+from distill.autocoa_import import import_autocoa_messages, import_autocoa_pairs
 from distill.autocoa_pairs import PairFormatError, pair_examples
+from models.format import TrajectoryError
+from models.tokenizer import encode_trajectory
 from training.sft_data import IGNORE_INDEX
 
 PROMPT = "Answer the question. Question: Who directed Zarno?\n<think>\nI do not know the director of Zarno."
@@ -65,3 +68,55 @@ def test_broken_json_names_the_line_and_array_records_their_index(tmp_path):
     array.write_text(json.dumps([_row(ACT, HALLUCINATE), _row(ACT, "  ")]))
     with pytest.raises(PairFormatError, match=f"^{array}: record 1: 'rejected' has an empty value"):
         import_autocoa_pairs(array)
+
+
+# ---------------------------------------------------------------- CoA / CoT message files
+
+COA = ("Okay, I need the director of Zarno.\n<begin_search> Zarno director </end_search>\n\n"
+       "<search_result> (1) Zarno is a 1987 film directed by Kell Brin. </search_result>\n\n"
+       "So it was Kell Brin. Check his birth year too.<begin_search> Kell Brin </end_search>\n\n"
+       "<search_result> Retrevial failed. </search_result>\n\n"
+       "Enough.\n</think>\n\nThe director is \\boxed{Kell Brin}.")
+COT = "Zarno is well known; Kell Brin directed it.\n</think>\n\n\\boxed{Kell Brin}"
+
+
+def _message_row(response: str, *extra: dict) -> dict:
+    return {"messages": [*extra, {"role": "user", "content": PROMPT}, {"role": "assistant", "content": response}]}
+
+
+def test_coa_and_cot_messages_become_valid_trajectories(tmp_path, tokenizer):
+    path = tmp_path / "coa.json"
+    path.write_text(json.dumps([_message_row(COA), _message_row("<think>\n" + COT)]))
+    coa, cot = import_autocoa_messages(path)  # validated trajectories
+    assert [(s.tag, s.text) for s in coa.segments] == [
+        ("think", "Okay, I need the director of Zarno."), ("wiki_search", "Zarno director"),
+        ("observation", "(1) Zarno is a 1987 film directed by Kell Brin."),
+        ("think", "So it was Kell Brin. Check his birth year too."), ("wiki_search", "Kell Brin"),
+        ("observation", "Retrevial failed."), ("think", "Enough."), ("answer", "Kell Brin")]
+    assert coa.question == PROMPT and coa.answer == "Kell Brin" and coa.id == "coa-0"
+    assert coa.metadata["tool_calls"] == 2 and not coa.metadata["cot_only"]
+    assert coa.metadata["final_text"] == "The director is \\boxed{Kell Brin}."
+    assert [s.tag for s in cot.segments] == ["think", "answer"] and cot.metadata["cot_only"]
+    encoded = encode_trajectory(tokenizer, coa)  # the SFT encoding: observations masked, the rest learned
+    assert 0 < sum(encoded.loss_mask) < len(encoded.input_ids)
+    web = import_autocoa_messages(path, limit=1, search_tag="web_search")
+    assert len(web) == 1 and web[0].segments[1].tag == "web_search"
+
+
+@pytest.mark.parametrize("response, extra, message", [
+    ("no think end \\boxed{x}", (), "no </think>"),
+    ("reasoning </think> the answer is x", (), r"no \\boxed\{\.\.\.\} answer"),
+    ("<begin_search> q </end_search> then nothing </think> \\boxed{x}", (), "search 'q' has no <search_result>"),
+    ("<search_result> orphan </search_result> </think> \\boxed{x}", (), "unbalanced AutoCoA tag <search_result>"),
+    ("I think <answer>x</answer> </think> \\boxed{x}", (), "nested tag <answer>"),
+    (COT, ({"role": "system", "content": "You are helpful."},), "one user and one assistant message"),
+])
+def test_bad_message_rows_name_file_and_line(tmp_path, response, extra, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(_message_row(COT)) + "\n" + json.dumps(_message_row(response, *extra)) + "\n")
+    with pytest.raises(TrajectoryError, match=f"^{path}:2: .*{message}"):
+        import_autocoa_messages(path)
+    array = tmp_path / "bad.json"
+    array.write_text(json.dumps([_message_row(COT), _message_row(response, *extra)]))
+    with pytest.raises(TrajectoryError, match=f"^{array}: record 1: "):
+        import_autocoa_messages(array)
