@@ -37,7 +37,9 @@ def distill_task(cfg: DistillConfig, store_uri: str = "", parent_run_id: str = "
         result = distill_dataset(cfg, work_dir, store_uri=store_uri or default_store_uri())
         files = {"train.jsonl": result.sft_path, "rl_problems.jsonl": result.rl_problems_path,
                  "corpus.jsonl": result.corpus_path, "report.json": work_dir / "report.json",
-                 "eval_heldout.jsonl": work_dir / "eval_heldout.jsonl", "eval_train.jsonl": work_dir / "eval_train.jsonl"}
+                 "eval_heldout.jsonl": work_dir / "eval_heldout.jsonl", "eval_train.jsonl": work_dir / "eval_train.jsonl",
+                 # the trajectories' problems with their world solutions: AutoCoA's pairs and CoT data need them
+                 "problems.jsonl": work_dir / "problems.jsonl"}
         return files, {"counts": result.counts, "filter_report": result.filter_report, "stage_key": key}
 
     manifest = run_stage("distill", key, store_uri, produce, kind="dataset")
