@@ -5,23 +5,26 @@ CoA trajectories), `problems.jsonl` (their problems, with the world solution eve
 dir always has it, a dataset artifact must carry it) and, optional, `eval_heldout.jsonl` (held-out-world eval
 problems).
 
-Held-out split: `heldout_fraction` of the world problems that have a training trajectory are held out (seeded,
-by problem id). Nothing of theirs is trained on by any AutoCoA or ReAct stage; their trajectories give the
+Held-out split: `heldout_fraction` of the generated problems (world multi-hop and computation: those with a
+solution) that have a training trajectory are held out (seeded, by problem id). Nothing of theirs is trained on by any AutoCoA or ReAct stage; their trajectories give the
 when-to-act and world-model metrics. Other problems of the same world may still search the same entity (a
 world is small): the world-model examples record that as `seen_call`.
 
 Output (`out_dir`):
 - `pairs.jsonl` (SFT stage 1, `data_format: pairs`): the when-to-act pairs of the training trajectories
   (`trajectory_pairs` + `facts_given_pair`, distill/autocoa_pairs.py), at most `max_pairs_per_trajectory` each;
+  a computation problem gives none (no distractor to hallucinate, no looked-up fact to give: it always needs
+  its code);
 - `pairs_heldout.jsonl`: the same for the held-out problems' trajectories, all of them (no problem shared);
 - `coa_cot.jsonl` (SFT stages 2 and 3, trajectory JSONL as train.jsonl): the training CoA trajectories and
   `cot_per_coa` CoT-only trajectories per CoA one (`cot_trajectory(facts_given_problem(p))` of training-side
-  world problems), shuffled together;
+  multi-hop problems, trajectory or not), shuffled together;
 - `react.jsonl` (the ReAct baseline): distill/react.py's form of the same training CoA trajectories;
-- `observations_heldout.jsonl`: world-model examples of the held-out trajectories (evaluation/world_model.py);
+- `observations_heldout.jsonl`: world-model examples of the held-out trajectories (evaluation/world_model.py;
+  search, crawl and, for computations, code calls);
 - `eval_facts_given.jsonl`: the facts-given variant of every world problem of `eval_heldout.jsonl` (problem
   JSONL, split "heldout"): evaluated next to it, the abstained-when-not rate (evaluation/when_to_act.py);
-- `autocoa_data.json`: the config and the counts.
+- `autocoa_data.json`: the config, the counts and the held-out problem ids.
 
 Deterministic for a seed. A bad line names file:line.
 
@@ -41,7 +44,7 @@ from pydantic import Field
 
 from afm.config import Config, load_config
 from distill.autocoa_pairs import (
-    PairRecord, cot_trajectory, facts_given_pair, facts_given_problem, trajectory_pairs, write_pairs,
+    PairRecord, cot_trajectory, facts_given_pair, facts_given_problem, given_facts, trajectory_pairs, write_pairs,
 )
 from distill.react import react_trajectory
 from evaluation.world_model import observation_examples, training_calls, write_observation_examples
@@ -54,13 +57,13 @@ class AutoCoADataConfig(Config):
 
     cot_per_coa: float = Field(0.2, ge=0.0, description="CoT-only trajectories per training CoA trajectory in "
                                                         "coa_cot.jsonl (AutoCoA: ~1k CoT for ~5k CoA); capped by "
-                                                        "the training-side world problems available.")
+                                                        "the training-side multi-hop problems available.")
     max_pairs_per_trajectory: int = Field(3, ge=0, description="Most training pairs from one trajectory (0 = all); "
                                                                "a capped trajectory keeps one pair of each case "
                                                                "first, then a seeded choice.")
     facts_given_pairs: bool = Field(True, description="Also make the info_present pair on each problem's "
                                                       "facts-given variant (chosen: the CoT answer).")
-    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="Share of the world problems with a training "
+    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="Share of the generated problems with a training "
                                                                      "trajectory held out for the when-to-act and "
                                                                      "world-model metrics (never trained on).")
     seed: int = Field(0, description="Seeds the held-out split, the pair cap, the CoT choice and the mixing order.")
@@ -81,7 +84,7 @@ def _trajectories(path: Path) -> Iterator[tuple[int, Trajectory]]:
 
 
 def _runs(train_path: Path, problems_path: Path) -> list[tuple[Trajectory, Problem | None]]:
-    """(trajectory, its world problem or None for a problem without a world solution, e.g. computation)."""
+    """(trajectory, its generated problem, or None for a problem without a solution, e.g. an imported one)."""
     problems = {p.id: p for p in read_problems(problems_path)}
     runs = []
     for lineno, traj in _trajectories(train_path):
@@ -144,7 +147,7 @@ def write_autocoa_data(dataset_dir: Path, out_dir: Path, cfg: AutoCoADataConfig,
                                          _pairs([r for r in train if r[1]], cfg, cfg.max_pairs_per_trajectory, rng)),
               "pairs_heldout.jsonl": write_pairs(out_dir / "pairs_heldout.jsonl", _pairs(held, cfg, 0, rng))}
 
-    cot_pool = sorted((p for p in read_problems(problems_path) if "solution" in p.metadata and p.id not in heldout),
+    cot_pool = sorted((p for p in read_problems(problems_path) if given_facts(p) and p.id not in heldout),
                       key=lambda p: p.id)
     cot = [cot_trajectory(facts_given_problem(p))
            for p in rng.sample(cot_pool, min(len(cot_pool), round(cfg.cot_per_coa * len(coa))))]
@@ -157,12 +160,13 @@ def write_autocoa_data(dataset_dir: Path, out_dir: Path, cfg: AutoCoADataConfig,
         out_dir / "observations_heldout.jsonl", observation_examples(held, training_calls(coa)))
 
     eval_path = dataset_dir / "eval_heldout.jsonl"
-    given = [facts_given_problem(p) for p in read_problems(eval_path) if "solution" in p.metadata] \
+    given = [facts_given_problem(p) for p in read_problems(eval_path) if given_facts(p)] \
         if eval_path.is_file() else []
     counts["eval_facts_given.jsonl"] = write_problems(out_dir / "eval_facts_given.jsonl", given)
     counts.update(coa_trajectories=len(coa), cot_trajectories=len(cot), heldout_problems=len(heldout),
                   react_dropped=len(coa) - len(react))
-    (out_dir / "autocoa_data.json").write_text(json.dumps({"config": cfg.model_dump(), "counts": counts}, indent=2))
+    (out_dir / "autocoa_data.json").write_text(json.dumps({"config": cfg.model_dump(), "counts": counts,
+                                                           "heldout_problem_ids": sorted(heldout)}, indent=2))
     return counts
 
 

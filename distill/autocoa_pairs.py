@@ -132,10 +132,21 @@ def trajectory_pairs(traj: Trajectory, problem: Problem) -> list[PairRecord]:
     return pairs
 
 
+def given_facts(problem: Problem) -> list[str]:
+    """The facts the problem's solution looks up (search and crawl findings). Empty for a problem solved by code
+    alone (a computation): no fact written into the question makes its tool unnecessary."""
+    if "solution" not in problem.metadata:
+        return []
+    return [s["finding"] for s in problem.metadata["solution"].get("steps", []) if s["tool"] != "code"]
+
+
 def facts_given_problem(problem: Problem) -> Problem:
     """The problem with every looked-up fact written into the question, so it needs no tool. Code steps are
-    left out: their input facts are given, the small comparison is the model's to do."""
-    facts = [s["finding"] for s in _solution(problem)["steps"] if s["tool"] != "code"]
+    left out: their input facts are given, the small comparison is the model's to do. ValueError for a problem
+    without looked-up facts (a computation still needs its code)."""
+    facts = given_facts(problem)
+    if not facts:
+        raise ValueError(f"problem {problem.id!r}: no looked-up facts to give; it cannot be made tool-free")
     # The type sentences ("X is a painter.") of a search that was followed by a crawl are kept: harmless context.
     question = f"Facts: {' '.join(dict.fromkeys(facts))}\nQuestion: {problem.question}"
     metadata = {**problem.metadata, "facts_given": True, "source_problem_id": problem.id}
@@ -169,9 +180,10 @@ def cot_trajectory(problem: Problem) -> Trajectory:
 
 def facts_given_pair(traj: Trajectory, problem: Problem) -> PairRecord | None:
     """info_present on the facts-given variant: chosen = the CoT answer, rejected = the teacher's first tool
-    decision (now unnecessary). None when the trajectory has no correct tool decision."""
+    decision (now unnecessary). None when the trajectory has no correct tool decision or the problem has no
+    looked-up facts to give."""
     decisions = _decisions(traj, problem)
-    if not decisions:
+    if not decisions or not given_facts(problem):
         return None
     given = facts_given_problem(problem)
     first = decisions[0]

@@ -6,14 +6,15 @@ on them). This measures what it imagines on held-out tool calls of teacher traje
   observation the tool returned in the teacher's log, and the answer-bearing fact of that hop (the world
   solution step's `finding`, e.g. "The capital of Ludoria is Vazoma.");
 - only calls that follow the problem's solution and whose real observation contains that fact are used (so
-  the fact is what the call is for; code steps have no such sentence and are left out);
+  the fact is what the call is for): searches and crawls, and a computation's code call (its finding is the
+  printed value; a multi-hop problem's comparison code prints no finding sentence and is left out);
 - the policy generates greedily after the context and the observation open tag, up to `</observation>` (the
   same prompt the simulated-environment rollout gives it, training/rl_rollout.py) with the HF engine;
 - scores: `token_f1` (SQuAD-normalised token F1 of predicted vs real observation), `fact_present` (the
   normalised fact is a substring of the normalised prediction), `exact` (identical text), `closed` (the
-  prediction closed the observation within `max_new_tokens`). Each also split by `seen_call`: whether the same
-  (tool, argument) call occurs in the training trajectories, since in one world a held-out problem's search
-  can repeat a training one (then the result can be recalled, not inferred).
+  prediction closed the observation within `max_new_tokens`). Each also per tool, and split by `seen_call`:
+  whether the same (tool, argument) call occurs in the training trajectories, since in one world a held-out
+  problem's search can repeat a training one (then the result can be recalled, not inferred).
 
 Usage:
     examples = observation_examples(heldout_runs, training_calls(train_trajectories))
@@ -146,7 +147,9 @@ def fidelity_scores(examples: Sequence[ObservationExample], predictions: Sequenc
              "exact": float(pred.strip() == ex.observation.strip()), "closed": float(closed), "predicted": pred}
             for ex, (pred, closed) in zip(examples, predictions)]
     summary = {**_scores(rows), "seen_call": _scores([r for r in rows if r["seen_call"]]),
-               "unseen_call": _scores([r for r in rows if not r["seen_call"]])}
+               "unseen_call": _scores([r for r in rows if not r["seen_call"]]),
+               **{tool: _scores([r for r, ex in zip(rows, examples) if ex.tool == tool])
+                  for tool in sorted({ex.tool for ex in examples})}}
     return summary, rows
 
 
@@ -154,7 +157,7 @@ def world_model_fidelity(model_dir: str | Path, examples: Sequence[ObservationEx
                          system_prompt: str | None = None, device: str = "cpu", batch_size: int = 16,
                          predictions_path: str | Path | None = None) -> dict:
     """Fidelity of the policy at `model_dir` on `examples`: {n, token_f1, fact_present, exact, closed,
-    skipped_too_long, seen_call: {...}, unseen_call: {...}}. Examples whose prompt plus `max_new_tokens` exceed
+    skipped_too_long, seen_call: {...}, unseen_call: {...}, <tool>: {...} per tool called}. Examples whose prompt plus `max_new_tokens` exceed
     the model's positions are skipped (counted). `predictions_path`: per-example JSONL (predicted text, scores)."""
     model, tokenizer = load_policy(model_dir, device=device)
     engine = HFEngine(model, tokenizer, max_batch_size=batch_size)

@@ -45,14 +45,29 @@ def teacher_runs(world_setup, toolbox):
 
 
 @pytest.fixture(scope="module")
-def dataset_dir(world_setup, teacher_runs, tmp_path_factory):
-    """A distill-stage dataset directory of the small world: train.jsonl (the teacher's trajectories),
-    problems.jsonl (all problems, computation ones included) and eval_heldout.jsonl (a few world problems)."""
+def computation_runs(world_setup, toolbox):
+    """(problem, trajectory) of the small world's computation problems: the oracle teacher without mistakes,
+    its code run in the real sandbox."""
+    from agents.teacher.mas import TeacherConfig, run_mas
+    from agents.teacher.oracle import OracleKnowledge, ScriptedOracleBackend
+    from distill.conversion import mas_log_to_trajectory
+
+    knowledge = OracleKnowledge(world_setup.problems)
+    return [(p, mas_log_to_trajectory(run_mas(p, ScriptedOracleBackend(knowledge, 0.0, 0.0, seed=i), toolbox,
+                                              TeacherConfig())))
+            for i, p in enumerate(p for p in world_setup.problems if p.family == "computation")]
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(world_setup, teacher_runs, computation_runs, tmp_path_factory):
+    """A distill-stage dataset directory of the small world: train.jsonl (the teacher's multi-hop and
+    computation trajectories), problems.jsonl (all problems) and eval_heldout.jsonl (a few world problems and a
+    computation)."""
     from models.format import write_jsonl
     from problems.records import write_problems
 
     out = tmp_path_factory.mktemp("dataset")
-    write_jsonl(out / "train.jsonl", [traj for _, traj in teacher_runs])
+    write_jsonl(out / "train.jsonl", [traj for _, traj in teacher_runs + computation_runs])
     write_problems(out / "problems.jsonl", world_setup.problems)
-    write_problems(out / "eval_heldout.jsonl", [p for p, _ in teacher_runs[:4]])
+    write_problems(out / "eval_heldout.jsonl", [p for p, _ in teacher_runs[:4] + computation_runs[:1]])
     return out

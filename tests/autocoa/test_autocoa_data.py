@@ -38,8 +38,9 @@ def test_heldout_problems_are_never_trained_on(written, dataset_dir):
     cfg, out, counts = written
     trajectories = {t.id: t for t in read_jsonl(dataset_dir / "train.jsonl")}
     train_pairs, held_pairs = list(read_pairs(out / "pairs.jsonl")), list(read_pairs(out / "pairs_heldout.jsonl"))
-    held = {_problem_of_pair(p, trajectories) for p in held_pairs}
+    held = set(json.loads((out / "autocoa_data.json").read_text())["heldout_problem_ids"])
     assert len(held) == counts["heldout_problems"] == round(0.25 * len(trajectories))
+    assert {_problem_of_pair(p, trajectories) for p in held_pairs} <= held
     assert held.isdisjoint(_problem_of_pair(p, trajectories) for p in train_pairs)
     for name in ("coa_cot.jsonl", "react.jsonl"):
         trained = {t.metadata["problem_id"] for t in read_jsonl(out / name)}
@@ -49,6 +50,20 @@ def test_heldout_problems_are_never_trained_on(written, dataset_dir):
     assert len(examples) == counts["observations_heldout.jsonl"] > 0
     assert {e.metadata["problem_id"] for e in examples} <= held
     assert all(e.fact in e.observation for e in examples)
+
+
+def test_computation_problems_give_no_pairs_and_no_cot(written, dataset_dir, computation_runs):
+    """A computation always needs its code: no facts-given variant, so neither a pair nor CoT data from it; its
+    CoA trajectory is still stage-2 data (unless held out)."""
+    _, out, _ = written
+    computation = {p.id for p, _ in computation_runs}
+    held = set(json.loads((out / "autocoa_data.json").read_text())["heldout_problem_ids"])
+    for name in ("pairs.jsonl", "pairs_heldout.jsonl"):
+        assert not {p.metadata["problem_id"].removesuffix("-given") for p in read_pairs(out / name)} & computation
+    mixed = list(read_jsonl(out / "coa_cot.jsonl"))
+    assert not any(t.metadata["problem_id"].removesuffix("-given") in computation for t in mixed if t.metadata.get("cot_only"))
+    assert {t.metadata["problem_id"] for t in mixed if not t.metadata.get("cot_only")} & computation == computation - held
+    assert len(read_problems(out / "eval_facts_given.jsonl")) == len(read_problems(dataset_dir / "eval_heldout.jsonl")) - 1
 
 
 def test_pairs_are_capped_per_trajectory_and_read_by_the_trainer(written, tokenizer):
@@ -86,7 +101,7 @@ def test_coa_cot_mixes_cot_into_the_coa_trajectories_and_react_mirrors_them(writ
 def test_eval_facts_given_problems_need_no_tool(written, dataset_dir):
     _, out, counts = written
     given = read_problems(out / "eval_facts_given.jsonl")
-    source = {p.id: p for p in read_problems(dataset_dir / "eval_heldout.jsonl")}
+    source = {p.id: p for p in read_problems(dataset_dir / "eval_heldout.jsonl") if p.family == "multihop"}
     assert len(given) == counts["eval_facts_given.jsonl"] == len(source)
     for p in given:
         original = source[p.metadata["source_problem_id"]]

@@ -121,3 +121,10 @@ def test_world_pairs_train_with_the_pairwise_loss(teacher_runs, tokenizer, tiny_
     margin = lambda r: (r.chosen_logp - r.rejected_logp).mean().item()  # noqa: E731
     assert last.loss < first.loss and margin(last) > margin(first)
     assert (last.chosen_logp > last.rejected_logp).all()
+
+
+def test_a_computation_has_no_facts_given_variant(computation_runs):
+    for problem, traj in computation_runs:
+        with pytest.raises(ValueError, match="no looked-up facts to give"):
+            facts_given_problem(problem)
+        assert facts_given_pair(traj, problem) is None and trajectory_pairs(traj, problem) == []

@@ -91,3 +91,10 @@ def test_a_policy_that_learned_an_observation_reproduces_it(examples, tiny_model
     assert (tmp_path / "pred.jsonl").read_text().count("\n") == 1
     too_long = world_model_fidelity(tmp_path / "trained", [example], max_new_tokens=10_000)
     assert too_long["n"] == 0 and too_long["skipped_too_long"] == 1
+
+
+def test_a_computation_code_call_is_an_example_of_its_printed_value(computation_runs):
+    examples = observation_examples([(traj, problem) for problem, traj in computation_runs])
+    assert len(examples) == len(computation_runs)  # the oracle without mistakes: one correct code call each
+    for ex, (problem, _) in zip(examples, computation_runs):
+        assert ex.tool == "code" and ex.fact == problem.answers[0] and ex.fact in ex.observation
