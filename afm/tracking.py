@@ -395,6 +395,20 @@ def resolve_model_uri(uri: str | Path, dst: Path) -> Path:
     return path
 
 
+def loadable_model_uri(uri: str, dst: Path) -> str:
+    """What `models.policy.load_policy` reads on any worker: a registry URI becomes its version's store location
+    (an s3:// artifact or a path, read by each worker itself, so workers on other nodes never need the caller's
+    disk); s3:// URIs and paths stay as they are. Other schemes (runs:/, a server's mlflow-artifacts:/) are
+    downloaded under `dst` first, which only a single node can read."""
+    text = str(uri)
+    if text.startswith("models:/"):
+        configure_tracking()
+        text = ModelsArtifactRepository.get_underlying_uri(text)
+    if text.startswith("s3://") or urlparse(text).scheme in ("", "file"):
+        return text
+    return str(resolve_model_uri(text, dst))
+
+
 def _download_s3_model(uri: str, dst: Path) -> Path:
     """An artifact-store artifact (verified against its manifest) or, without a manifest, every key under it."""
     from afm.storage import open_store

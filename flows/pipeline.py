@@ -67,10 +67,12 @@ def run_stages(config: PipelineConfig, run_id: str) -> dict:
     clock.lap("distill")
     base = base_policy_task(config.policy, dataset, store)
     clock.lap("policy")
-    start = base
+    start, pretrained = base, None
     if config.pretrain.enabled:
-        start = pretrain_flow(PretrainFlowConfig(store_uri=store, dataset=dataset, base_uri=base,
-                                                 pretrain=config.pretrain, parent_run_id=run_id))["uri"]
+        pretrained = pretrain_flow(PretrainFlowConfig(store_uri=store, dataset=dataset, base_uri=base,
+                                                      pretrain=config.pretrain, parent_run_id=run_id))
+        # SFT starts from the registered base version, so the SFT model's lineage links to it (afm lineage).
+        start = registry_uri(pretrained, config.pretrain.train.registered_model_name)
         clock.lap("pretrain")
     sft = sft_flow(SFTFlowConfig(store_uri=store, parent_run_id=run_id, sft=config.sft.model_copy(
         update={"model_path": start, "dataset": dataset["uri"]})))
@@ -84,9 +86,9 @@ def run_stages(config: PipelineConfig, run_id: str) -> dict:
     report = evaluate_flow(EvalFlowConfig(store_uri=store, dataset_uri=dataset["uri"], parent_run_id=run_id,
                                           eval=config.eval.model_copy(update={"models": {**models, **config.eval.models}})))
     clock.lap("eval")
-    tracking.log_run_metrics(run_id, {**headline_metrics(sft, rl, report, clock.seconds), "seconds.total": clock.total()})
+    tracking.log_run_metrics(run_id, {**headline_metrics(sft, rl, report, clock.seconds, pretrained), "seconds.total": clock.total()})
     summary = {
-        "dataset": dataset["uri"], "base_policy": base, **({"pretrained": start} if start != base else {}),
+        "dataset": dataset["uri"], "base_policy": base, **({"pretrained": pretrained["uri"]} if pretrained else {}),
         "sft_model": sft["uri"], "rl_model": rl["uri"],
         "registered": {k: v for k, v in models.items() if v.startswith("models:/")},
         "report": report["report"], "promotion": report["promotion"], "mlflow": tracking.configure_tracking(),

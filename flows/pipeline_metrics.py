@@ -36,9 +36,13 @@ class StageClock:
         return round(time.perf_counter() - self.start, 1)
 
 
-def headline_metrics(sft: dict, rl: dict, report: dict, seconds: dict[str, float]) -> dict[str, float]:
-    """The parent run's metrics from the stage outputs (manifests of SFT and RL, the evaluate flow's result)."""
+def headline_metrics(sft: dict, rl: dict, report: dict, seconds: dict[str, float],
+                     pretrain: dict | None = None) -> dict[str, float]:
+    """The parent run's metrics from the stage outputs (manifests of pretraining when it ran, SFT and RL, the
+    evaluate flow's result)."""
     metrics: dict[str, float | None] = {"sft.final_loss": sft["extra"].get("final_loss")}
+    if pretrain is not None:
+        metrics["pretrain.final_loss"] = pretrain["extra"].get("final_loss")
     history = rl["extra"].get("history") or [{}]
     metrics["rl.reward_first"] = rl["extra"].get("reward_first")
     metrics["rl.reward_last"] = rl["extra"].get("reward_last", history[-1].get("reward_mean"))

@@ -31,6 +31,7 @@ import ray.train
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from afm import tracking
 from afm.ray_local import init_local_ray
 from training.checkpointing import write_sharded_checkpoint
 from training.sft_data import DataReport
@@ -127,9 +128,12 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
     storage_path, filesystem = ray_storage(cfg.checkpoint_uri or str(Path(cfg.output_dir) / "ray"))
     work_dir = Path(cfg.output_dir) / "data"
     with start_sft_run(cfg, work_dir) as (run_id, tracking_uri):
+        # A registered start (models:/afm-base/3, so lineage links to it) becomes its store location for the workers.
+        start = tracking.loadable_model_uri(cfg.model_path, Path(cfg.output_dir) / "start-policy")
         trainer = TorchTrainer(
             sft_worker_loop,
-            train_loop_config={"cfg": cfg.model_dump(), "run_id": run_id, "tracking_uri": tracking_uri},
+            train_loop_config={"cfg": cfg.model_copy(update={"model_path": start}).model_dump(), "run_id": run_id,
+                               "tracking_uri": tracking_uri},
             scaling_config=ScalingConfig(
                 num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                 resources_per_worker=None if cfg.use_gpu else {"CPU": cpus_per_worker(cfg)},

@@ -18,14 +18,18 @@ from tests.flows.conftest import SMOKE_OVERRIDES
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def run_pipeline(afm_home, extra: list[str]) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "cli", "pipeline", "--config", "configs/default.yaml"]
-    for override in SMOKE_OVERRIDES + extra:
-        args += ["--set", override]
+def run_cli(afm_home, args: list[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "AFM_STORE_URI", "RAY_ADDRESS",
                                                               "PREFECT_API_URL")}
     env["AFM_HOME"] = str(afm_home)
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=1200)
+    return subprocess.run([sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True, timeout=1200)
+
+
+def run_pipeline(afm_home, extra: list[str]) -> subprocess.CompletedProcess:
+    args = ["pipeline", "--config", "configs/default.yaml"]
+    for override in SMOKE_OVERRIDES + extra:
+        args += ["--set", override]
+    return run_cli(afm_home, args)
 
 
 def summary_field(output: str, name: str) -> str:
@@ -57,6 +61,9 @@ def test_pipeline_resumes_after_failure_in_middle_stage(tmp_path):
     for stage in ("distill", "policy", "pretrain", "sft", "rl", "eval"):
         assert len(list(stages.glob(f"{stage}-*/manifest.json"))) == 1, stage
     check_pipeline_runs(home, summary_field(resumed.stdout + resumed.stderr, "pipeline_run"))
+    chain = run_cli(home, ["lineage", "models:/afm-rl/1"])
+    assert chain.returncode == 0, chain.stderr[-2000:]
+    assert "models:/afm-sft/1" in chain.stdout and "models:/afm-base/1" in chain.stdout, "RL -> SFT -> base"
 
 
 def check_pipeline_runs(home, run_id: str) -> None:
@@ -74,7 +81,7 @@ def check_pipeline_runs(home, run_id: str) -> None:
     assert [(r.info.status, r.info.run_id == run_id) for r in parents] == [("FAILED", False), ("FINISHED", True)]
     metrics = parents[1].data.metrics
     for name in ("eval.rl.heldout.accuracy", "eval.rl.heldout.pass_at_1", "eval.sft.train_entities.accuracy",
-                 "eval.rl.computation.accuracy", "sft.final_loss", "rl.reward_first", "rl.reward_last",
+                 "eval.rl.computation.accuracy", "pretrain.final_loss", "sft.final_loss", "rl.reward_first", "rl.reward_last",
                  "seconds.sft", "seconds.total"):
         assert name in metrics, name
     children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
