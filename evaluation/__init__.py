@@ -8,6 +8,8 @@ Modules:
     report       summary rows, printed table, markdown, PNG plots
     runner       EvalConfig and evaluate(cfg): models + teacher on problem sets, MLflow, promotion gate
     unseen_tools zero-shot use of a tool described only in the prompt (calculator via <code>)
+    when_to_act  AutoCoA: pair preference (when-to-act accuracy), acted-when-needed / abstained-when-not rates
+    world_model  AutoCoA: fidelity of observations the policy writes itself (token F1, answer fact present)
     promotion    champion / challenger decision and its registry application
     lineage      registry lineage tags and the RL -> SFT -> base walk
 """
