@@ -383,7 +383,8 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: Metrics
         }
         if logger is not None:
             logger.log(metrics, step)
-        bar.update(seconds if timed else 1)
+        # a timed bar never passes its total: tqdm then drops the total and its "{total:.0f}" format raises
+        bar.update(min(seconds, max(0.0, bar.total - bar.n)) if timed else 1)
         # refresh=False: the bar redraws at most every `mininterval`, not at every step (under Ray each redraw is
         # a log line shipped to the driver).
         bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=False)
