@@ -1,10 +1,13 @@
 """SFT trainer: parameters change, pinned loss, gradient accumulation equivalence, MLflow run contents."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from mlflow.tracking import MlflowClient
 
 from models.policy import load_policy
+from training import sft_trainer
 from training.sft_trainer import run_sft_local
 
 # Loss after 5 steps of the seeded tiny model on the fixed synthetic data (sft_cfg). Re-pin only for an
@@ -61,3 +64,17 @@ def test_mlflow_run_holds_params_metrics_dataset_and_model_version(sft_cfg):
     assert "loss_curve.png" in artifacts and "model" not in artifacts
     (output,) = run.outputs.model_outputs
     assert client.get_logged_model(output.model_id).source_run_id == result.run_id
+
+
+
+def test_a_step_that_overruns_the_time_budget_ends_the_run_cleanly(sft_cfg, monkeypatch):
+    # Every step "takes" 2 s (a fake clock), so the first one passes the 1 s budget by more than tqdm's 0.5 s
+    # slack: the run stops after it and exports its policy. The timed progress bar once went past its total
+    # there, tqdm dropped the total and the bar's "{total:.0f}" format raised TypeError at the run's last step.
+    clock = iter(range(0, 10_000, 2))  # each call 2 s after the previous one
+    monkeypatch.setattr(sft_trainer, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    sft_cfg.max_steps = 50
+    sft_cfg.time_budget_s = 1.0
+    result = run_sft_local(sft_cfg)
+    assert result.steps == 1
+    assert (result.policy_dir / "config.json").is_file()
