@@ -40,7 +40,7 @@ SetOpt = typer.Option(None, "--set", "-s", help="Override a field: dotted.key=va
 
 
 # Sections of a whole-pipeline recipe (flows.pipeline.PipelineConfig); a stage command ignores the others'.
-PIPELINE_SECTIONS = ("distill", "policy", "sft", "rl", "eval")
+PIPELINE_SECTIONS = ("distill", "policy", "sft", "rl", "eval", "recipe", "autocoa")
 
 
 def _load(cls, config: Optional[Path], overrides: Optional[list[str]]):

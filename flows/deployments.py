@@ -8,11 +8,11 @@ The deployments load the code from this checkout (`flow.from_source(<repo root>,
 `set_working_directory: <repo root>` pull step), so a process worker on this machine runs them as they are; on a
 cluster, point `source` at the repo/image the workers have. Each deployment's parameter schema is the flow's
 pydantic config (the UI renders it as a form) and its default parameters come from the recipe
-(configs/default.yaml): the whole recipe for `pipeline`/`nightly-retrain`, the stage's section for the others.
+(configs/default.yaml; configs/autocoa.yaml for `autocoa`): the whole recipe for `pipeline`/`nightly-retrain`/`autocoa`,
+the stage's section for the others.
 `prefect.yaml` declares the same deployments for `prefect deploy --all`. See docs/operations.md.
 
-Output: Prefect's `deploy` prints a "Successfully created/updated" banner and a table per deployment (six of
-each); that is captured (and shown on stderr only if registration fails), and `afm deploy` prints one summary
+Output: Prefect's `deploy` prints a "Successfully created/updated" banner and a table per deployment; that is captured (and shown on stderr only if registration fails), and `afm deploy` prints one summary
 (`deployment_summary`).
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ from afm.config import read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = REPO_ROOT / "configs" / "default.yaml"
+AUTOCOA_RECIPE = REPO_ROOT / "configs" / "autocoa.yaml"
 NIGHTLY_CRON = "0 2 * * *"
 NIGHTLY_TIMEZONE = "UTC"
 
@@ -47,6 +48,7 @@ class DeploymentSpec:
     recipe_section: str | None  # None: the whole recipe (pipeline flows); else the stage's section
     cron: str | None = None
     description: str = ""
+    recipe: Path = DEFAULT_RECIPE  # the YAML recipe its default parameters come from
 
 
 DEPLOYMENTS = (
@@ -55,6 +57,9 @@ DEPLOYMENTS = (
     DeploymentSpec("nightly-retrain", "flows.nightly.nightly_retrain_flow", None, NIGHTLY_CRON,
                    description="the pipeline on fresh data every night at 02:00 UTC; the champion alias moves "
                                "only on improvement"),
+    DeploymentSpec("autocoa", "flows.pipeline.autocoa_flow", None, recipe=AUTOCOA_RECIPE,
+                   description="AutoCoA: distill -> SFT1 when-to-act -> SFT2 -> SFT3 world model -> simulated RL -> "
+                               "real RL -> evaluate next to AFM and ReAct (flows/autocoa.py)"),
     DeploymentSpec("distill", "flows.distill.distill_flow", "distill",
                    description="teacher rollouts -> CoA trajectories -> progressive filters -> dataset"),
     DeploymentSpec("sft", "flows.sft.sft_flow", "sft",
@@ -89,16 +94,16 @@ def deployment_parameters(spec: DeploymentSpec, recipe: dict) -> dict:
     return {"config": {spec.recipe_section: recipe.get(spec.recipe_section, {})}}
 
 
-def register_deployments(work_pool: str, recipe: Path = DEFAULT_RECIPE) -> dict[str, str]:
+def register_deployments(work_pool: str, recipe: Path | None = None) -> dict[str, str]:
     """Create `work_pool` (process) if missing and create/update every deployment; returns name -> deployment id.
 
+    `recipe`: one YAML recipe for every deployment instead of each one's own (`DeploymentSpec.recipe`).
     Needs PREFECT_API_URL pointing at a running server (env.sh of `afm stack up` sets it). Re-running updates the
     deployments in place (same names, same ids).
     """
     run_coro_as_sync(ensure_work_pool(work_pool))
-    recipe_data = read_yaml(recipe)
     with _prefect_output_only_on_failure():
-        return {spec.name: _deploy(spec, work_pool, recipe_data) for spec in DEPLOYMENTS}
+        return {spec.name: _deploy(spec, work_pool, read_yaml(recipe or spec.recipe)) for spec in DEPLOYMENTS}
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@
 
 Every stage's output is an artifact whose manifest is written last and whose name carries a key hashed from
 the stage config and its inputs' digests: re-running after a crash skips the completed stages and redoes only
-the one that was in progress. This is what `make run` runs on the embedded default (configs/default.yaml).
+the one that was in progress. This is what `make run` runs on the embedded default (configs/default.yaml). `recipe: autocoa` runs AutoCoA's
+stages instead (flows/autocoa.py, configs/autocoa.yaml).
 
     afm pipeline --config configs/default.yaml [--set sft.time_budget_s=120 ...]
 
@@ -13,6 +14,8 @@ headline metrics on it (flows/pipeline_metrics.py): select two pipeline runs and
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from prefect import flow
 
@@ -20,6 +23,7 @@ from afm import tracking
 from afm.config import Config
 from distill.pipeline import DistillConfig
 from evaluation.runner import EvalConfig
+from flows.autocoa import AutoCoAConfig, run_autocoa
 from flows.distill import DistillFlowConfig, distill_flow
 from flows.evaluate import EvalFlowConfig, evaluate_flow
 from flows.pipeline_metrics import StageClock, headline_metrics
@@ -34,6 +38,8 @@ from training.sft_trainer import SFTConfig
 
 class PipelineConfig(Config):
     store_uri: str = Field("", description="Artifact store; '' = $AFM_STORE_URI or <AFM_HOME>/artifacts.")
+    recipe: Literal["afm", "autocoa"] = Field("afm", description="afm: distill -> SFT -> RL (this module); autocoa: "
+                                              "AutoCoA's staged SFT and sim-then-real RL (flows/autocoa.py).")
     distill: DistillConfig = Field(default_factory=DistillConfig, description="Stage 1: teacher rollouts + filters.")
     policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="The base policy.")
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Optional causal LM of the base "
@@ -41,6 +47,8 @@ class PipelineConfig(Config):
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Stage 2 (model_path/dataset set by the pipeline).")
     rl: RLConfig = Field(default_factory=RLConfig, description="Stage 3 (policy/problems set by the pipeline).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Stage 4 (models set by the pipeline).")
+    autocoa: AutoCoAConfig = Field(default_factory=AutoCoAConfig, description="recipe=autocoa: its stages (SFT "
+                                   "stages take the `sft` recipe, RL stages the `rl` one).")
 
 
 # The MLflow experiment of pipeline runs (parents) and, nested under them, their stages' runs.
@@ -55,9 +63,16 @@ def registry_uri(model: dict, registered_name: str) -> str:
 def pipeline_flow(config: PipelineConfig = PipelineConfig()) -> dict:
     """One MLflow `pipeline` run per call; every stage's run is its nested child and it carries the headline
     metrics (flows/pipeline_metrics.py), so two pipeline runs compare side by side."""
-    with tracking.parent_run(PIPELINE_EXPERIMENT, "pipeline", params=config.model_dump(mode="json"),
+    name = "pipeline" if config.recipe == "afm" else "autocoa"
+    with tracking.parent_run(PIPELINE_EXPERIMENT, name, params=config.model_dump(mode="json"),
                              tags={tracking.TAG_STAGE: "pipeline"}) as run_id:
-        return run_stages(config, run_id)
+        return run_stages(config, run_id) if config.recipe == "afm" else run_autocoa(config, run_id)
+
+
+@flow(name="autocoa", log_prints=True)
+def autocoa_flow(config: PipelineConfig = PipelineConfig(recipe="autocoa")) -> dict:
+    """The AutoCoA recipe as a deployment of its own (flows/deployments.py): the pipeline with recipe=autocoa."""
+    return pipeline_flow(config.model_copy(update={"recipe": "autocoa"}))
 
 
 def run_stages(config: PipelineConfig, run_id: str) -> dict:

@@ -58,7 +58,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1]
 # The package each stage runs; the packages it imports are found by reading its source (code_packages).
 STAGE_PACKAGES: dict[str, str] = {
     "distill": "distill", "policy": "models", "pretrain": "training", "sft": "training", "rl": "training",
-    "eval": "evaluation",
+    "eval": "evaluation", "autocoa-data": "distill", "autocoa-probes": "evaluation",
 }
 CORE_PACKAGE = "afm"
 DISTRIBUTION = "afm-platform"

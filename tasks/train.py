@@ -169,7 +169,8 @@ def rl_task(cfg: RLConfig, dataset: dict, store_uri: str = "", parent_run_id: st
         rewards = [h["reward_mean"] for h in result.history]
         return {"policy_dir": str(result.model_dir), "run_id": result.run_id,
                 "model_version": result.model_version, "history": result.history[-1:],
-                "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None}
+                "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+                "real_tool_calls": result.real_tool_calls, "wall_s": result.wall_s}
 
     inputs = [store_dataset(dataset, "rl_problems.jsonl", "training"), store_dataset(dataset, "corpus.jsonl", "tools")]
     return _model_artifact("rl", key, store_uri or default_store_uri(), train, parent_run_id, inputs)

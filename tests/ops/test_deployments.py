@@ -1,8 +1,8 @@
-"""Prefect deployments: prefect.yaml and flows/deployments.py declare the same six deployments, every entrypoint
+"""Prefect deployments: prefect.yaml and flows/deployments.py declare the same seven deployments, every entrypoint
 loads a flow whose parameter schema is its pydantic config (so the UI shows a form), the nightly cron fires at
 02:00 UTC, the pull step's `{{ $AFM_REPO_DIR }}` resolves, and (integration) `register_deployments` creates the
 work pool and deployments on a real temporary Prefect server, read back through the API, printing nothing
-(`afm deploy` prints one summary instead of Prefect's six banners and tables).
+(`afm deploy` prints one summary instead of Prefect's seven banners and tables).
 
     .venv/bin/pytest tests/ops -q                       # unit tests, seconds
     .venv/bin/pytest tests/ops -q -m integration        # + a temporary Prefect server (~40 s on 2 cores)
@@ -32,7 +32,7 @@ from flows.pipeline import PipelineConfig
 from flows.rl import RLFlowConfig
 from flows.sft import SFTFlowConfig
 
-CONFIG_OF = {"pipeline": PipelineConfig, "nightly-retrain": PipelineConfig, "distill": DistillFlowConfig,
+CONFIG_OF = {"pipeline": PipelineConfig, "nightly-retrain": PipelineConfig, "autocoa": PipelineConfig, "distill": DistillFlowConfig,
              "sft": SFTFlowConfig, "rl": RLFlowConfig, "evaluate": EvalFlowConfig}
 
 
@@ -88,7 +88,7 @@ def test_from_source_in_a_fresh_interpreter_keeps_typed_schemas():
 
 @pytest.mark.parametrize("spec", DEPLOYMENTS, ids=lambda spec: spec.name)
 def test_recipe_parameters_fit_the_config(spec):
-    params = deployment_parameters(spec, read_yaml(DEFAULT_RECIPE))
+    params = deployment_parameters(spec, read_yaml(spec.recipe))
     config = CONFIG_OF[spec.name].model_validate(params["config"])
     if spec.recipe_section == "distill":
         assert config.distill.n_worlds == read_yaml(DEFAULT_RECIPE)["distill"]["n_worlds"]
@@ -143,7 +143,6 @@ def test_register_deployments_on_a_real_server(capfd):
     assert pool.type == "process"
     assert first == again
     assert set(deployments) == {spec.name for spec in DEPLOYMENTS}
-    recipe = read_yaml(DEFAULT_RECIPE)
     for spec in DEPLOYMENTS:
         deployment = deployments[spec.name]
         assert str(deployment.id) == first[spec.name]
@@ -151,7 +150,7 @@ def test_register_deployments_on_a_real_server(capfd):
         assert deployment.entrypoint == spec.entrypoint
         assert deployment.pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
-        assert deployment.parameters == deployment_parameters(spec, recipe)
+        assert deployment.parameters == deployment_parameters(spec, read_yaml(spec.recipe))
         assert_schema_is_config(deployment.parameter_openapi_schema, CONFIG_OF[spec.name])
         crons = [(s.schedule.cron, s.schedule.timezone, s.active) for s in deployment.schedules]
         assert crons == ([(NIGHTLY_CRON, "UTC", True)] if spec.cron else [])
@@ -160,7 +159,7 @@ def test_register_deployments_on_a_real_server(capfd):
 def test_deploy_summary_is_one_line_per_deployment():
     ids = {spec.name: f"id-{spec.name}" for spec in DEPLOYMENTS}
     lines = deployment_summary(ids, "afm-process", "http://127.0.0.1:4200/api").splitlines()
-    assert lines[0] == "6 deployments on http://127.0.0.1:4200/api, work pool 'afm-process':"
+    assert lines[0] == "7 deployments on http://127.0.0.1:4200/api, work pool 'afm-process':"
     assert len(lines) == len(DEPLOYMENTS) + 2 and lines[-1].startswith("Next: prefect worker start --pool afm-process")
     nightly = next(line for line in lines if "nightly-retrain/nightly-retrain" in line)
     assert "id-nightly-retrain" in nightly and f"cron '{NIGHTLY_CRON}' UTC" in nightly
