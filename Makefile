@@ -1,6 +1,7 @@
 # afm-platform — the two commands: `make run` (whole pipeline on the embedded default) and `make test`.
-# Both create .venv on first use. On CPU machines torch is pinned to the 2.13.0 CPU wheel first, so the
-# project's unpinned dependencies never pull a multi-GB CUDA build.
+# Both create .venv on first use. On CPU machines torch is pinned to the 2.13.0 CPU wheel first, and
+# infra/cpu-constraints.txt keeps it there: pyproject.toml's ranges also admit the GPU image's torch 2.14
+# (docs/cluster.md), and no resolver may pull a multi-GB CUDA build here.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,11 +10,11 @@ CONFIG ?= configs/default.yaml
 
 .PHONY: run test test-fast bench setup stack-up stack-down clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml infra/cpu-constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -c infra/cpu-constraints.txt torch
+	$(BIN)/pip install -q -c infra/cpu-constraints.txt -e ".[test]"
 	@# The code sandbox uses bubblewrap when present (falls back to unshare+setpriv); install it where we can.
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) ; } || \
