@@ -146,11 +146,10 @@ def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _secret_env_values() -> list[str]:
-    return [
-        value
-        for name, value in os.environ.items()
-        if SECRET_KEY_PATTERN.search(name) and len(value) >= _MIN_ENV_SECRET_LENGTH
-    ]
+    # Names first, then .get(): MLflow's telemetry thread sets and unsets _MLFLOW_TELEMETRY_SESSION_ID meanwhile,
+    # and iterating os.environ.items() raised KeyError for it (a pipeline run failed at its first logged param).
+    values = (os.environ.get(name) for name in list(os.environ) if SECRET_KEY_PATTERN.search(name))
+    return [value for value in values if value is not None and len(value) >= _MIN_ENV_SECRET_LENGTH]
 
 
 def looks_like_secret(key: str, value: Any) -> bool:
@@ -214,9 +213,9 @@ def parent_run(experiment: str, run_name: str, params: dict[str, Any], tags: dic
     run = client.create_run(mlflow.get_experiment_by_name(experiment).experiment_id, run_name=run_name,
                             tags=sanitize_params(tags or {}))
     run_id = run.info.run_id
-    client.log_batch(run_id, params=[Param(k, v) for k, v in sanitize_params(params).items()])
     status = "FAILED"
-    try:
+    try:  # the params too: a run whose logging raised stayed RUNNING forever
+        client.log_batch(run_id, params=[Param(k, v) for k, v in sanitize_params(params).items()])
         yield run_id
         status = "FINISHED"
     finally:

@@ -89,3 +89,15 @@ def test_a_failed_pipeline_leaves_a_failed_parent(afm_home):
         with tracking.parent_run(PIPELINE_EXPERIMENT, "pipeline", params={}) as run_id:
             raise RuntimeError("stage broke")
     assert MlflowClient().get_run(run_id).info.status == "FAILED"
+
+
+def test_a_parent_whose_params_fail_to_log_ends_failed(afm_home):
+    class Unprintable:  # sanitize_params str()s every value; a real run raised here (os.environ changed meanwhile)
+        def __str__(self) -> str:
+            raise RuntimeError("cannot log")
+
+    with pytest.raises(RuntimeError, match="cannot log"):
+        with tracking.parent_run(PIPELINE_EXPERIMENT, "pipeline", params={"x": Unprintable()}):
+            pass
+    experiment = MlflowClient().get_experiment_by_name(PIPELINE_EXPERIMENT).experiment_id
+    assert [run.info.status for run in MlflowClient().search_runs([experiment])] == ["FAILED"]
