@@ -12,7 +12,8 @@ pydantic config (the UI renders it as a form) and its default parameters come fr
 the stage's section for the others.
 `prefect.yaml` declares the same deployments for `prefect deploy --all`. See docs/operations.md.
 
-Output: Prefect's `deploy` prints a "Successfully created/updated" banner and a table per deployment; that is captured (and shown on stderr only if registration fails), and `afm deploy` prints one summary
+Output: Prefect's `deploy` prints a "Successfully created/updated" banner and a table per deployment; that is
+captured (and shown on stderr only if registration fails), and `afm deploy` prints one summary
 (`deployment_summary`).
 """
 from __future__ import annotations

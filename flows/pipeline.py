@@ -4,8 +4,8 @@
 
 Every stage's output is an artifact whose manifest is written last and whose name carries a key hashed from
 the stage config and its inputs' digests: re-running after a crash skips the completed stages and redoes only
-the one that was in progress. This is what `make run` runs on the embedded default (configs/default.yaml). `recipe: autocoa` runs AutoCoA's
-stages instead (flows/autocoa.py, configs/autocoa.yaml).
+the one that was in progress. This is what `make run` runs on the embedded default (configs/default.yaml).
+`recipe: autocoa` runs AutoCoA's stages instead (flows/autocoa.py, configs/autocoa.yaml).
 
     afm pipeline --config configs/default.yaml [--set sft.time_budget_s=120 ...]
 

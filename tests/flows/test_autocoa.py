@@ -76,7 +76,8 @@ def check_runs(home, run_id: str) -> None:
     client = MlflowClient()
     experiment = client.get_experiment_by_name("pipeline")
     children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
-    assert sorted(c.data.tags["afm.stage"] for c in children) == ["eval", "rl", "rl", "sft", "sft", "sft", "sft"]
+    stages = sorted(c.data.tags["afm.stage"] for c in children)
+    assert stages == ["distill", "eval", "rl", "rl", "sft", "sft", "sft", "sft"]
     metrics = client.get_run(run_id).data.metrics
     for name in ("rl.sft123_sim.real_tool_calls", "rl.sft123_sim_real.real_tool_calls", "probe.sft1.when_to_act",
                  "eval.sft123_sim_real.heldout.accuracy", "eval.react.heldout.accuracy", "seconds.sft1"):
