@@ -6,12 +6,14 @@ Two subcommands, each run by the interpreter that has its one extra dependency:
     #    docs/images/mlflow-pipeline-runs.png (the `pipeline` runs with their nested stages) and
     #    docs/images/mlflow-compare-runs.png (the two newest pipeline runs compared).
     #    Needs the `playwright` package in any Python (not a project dependency: a throw-away venv will do) and a
-    #    Chromium: `playwright install chromium`, or --chrome PATH to any Chromium/Chrome binary.
+    #    Chromium: `playwright install chromium`, or --chrome PATH to any Chromium/Chrome binary (where no browser
+    #    download is reachable: the npm package @sparticuz/chromium carries one; `await chromium.executablePath()`
+    #    in node unpacks it to /tmp/chromium).
     python infra/screenshots.py mlflow --afm-home /tmp/shots/home [--chrome /path/to/chromium]
 
     # 2. Chat: `afm serve` the model on 127.0.0.1, stream a chat completion and an agent answer with the official
     #    `openai` client (the README's snippets, same code) and print what they print; then stop the server.
-    .venv/bin/python infra/screenshots.py chat --afm-home /tmp/shots/home --model models:/afm-rl/2
+    .venv/bin/python infra/screenshots.py chat --afm-home /tmp/shots/home [--model models:/afm-rl@champion]
 
 The store needs at least two runs of the `pipeline` experiment, e.g. two `afm pipeline` runs in a throw-away
 AFM_HOME (`AFM_HOME=/tmp/shots/home .venv/bin/afm pipeline --config configs/default.yaml --set ...`). Every
