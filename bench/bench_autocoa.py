@@ -23,12 +23,10 @@ Run:  nice -n 5 .venv/bin/python bench/bench_autocoa.py [--size small|recipe] [-
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,10 +60,11 @@ RUNS = {
     "sft2_only": ["autocoa.stages=[sft2]", "autocoa.baselines=[]"],
 }
 HELDOUT = "heldout"
+FULL_LABEL = "sft123_sim_real"  # flows/autocoa.py chain_label of the full recipe
 
 
-def run_pipeline(afm_home: Path, name: str, overrides: list[str]) -> dict:
-    """`afm pipeline` under AFM_HOME=afm_home; returns the fields of its "AutoCoA pipeline finished:" summary."""
+def run_pipeline(afm_home: Path, name: str, overrides: list[str]) -> None:
+    """`afm pipeline` under AFM_HOME=afm_home (output in <afm_home>/pipeline-<name>.log)."""
     afm_home.mkdir(parents=True, exist_ok=True)
     cmd = [str(ROOT / ".venv" / "bin" / "afm"), "pipeline", "--config", str(CONFIG)]
     for item in overrides:
@@ -78,68 +77,83 @@ def run_pipeline(afm_home: Path, name: str, overrides: list[str]) -> dict:
                               stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
         sys.exit(f"bench_autocoa: `{' '.join(cmd)}` exited {proc.returncode}; see {log}")
-    text = log.read_text(encoding="utf-8")
-    summary = text[text.rindex("AutoCoA pipeline finished:"):]
-    fields = {}
-    for line in summary.splitlines()[1:]:
-        key, sep, value = line.strip().partition(": ")
-        if sep and key in ("registered", "probes", "action_rates", "real_tool_calls", "stages"):
-            fields[key] = ast.literal_eval(value)
-        elif sep and key in ("report", "seconds"):
-            fields[key] = value
-    return fields
 
 
-def eval_rows(report_uri: str) -> list[dict]:
-    return json.loads((Path(report_uri) / "manifest.json").read_text(encoding="utf-8"))["extra"]["summary"]
+def pipeline_metrics(afm_home: Path) -> dict[str, dict[str, float]]:
+    """{run: parent-run metrics} of the newest finished AutoCoA pipeline run of each kind under afm_home
+    (full: it has the sim-then-real RL stage; sft2_only: it evaluated `sft2`)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{afm_home / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("pipeline")
+    runs = client.search_runs([experiment.experiment_id], "attributes.run_name = 'autocoa' and "
+                              "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"])
+    marks = {"full": f"eval.{FULL_LABEL}.{HELDOUT}.accuracy", "sft2_only": f"eval.sft2.{HELDOUT}.accuracy"}
+    found = {name: next((r.data.metrics for r in runs if mark in r.data.metrics), None) for name, mark in marks.items()}
+    missing = [name for name, metrics in found.items() if metrics is None]
+    if missing:
+        sys.exit(f"bench_autocoa: no finished {missing} AutoCoA run under {afm_home}; run without --no-run")
+    return found
 
 
-def heldout_row(rows: list[dict], model: str) -> dict:
-    return next(r for r in rows if r["model"] == model and r["set"] == HELDOUT)
+def eval_row(afm_home: Path, label: str) -> dict:
+    """The held-out summary row (pass@k, tokens and tool calls per problem) of `label` in the newest eval report
+    that has it."""
+    for path in sorted((afm_home / "artifacts" / "stages").glob("eval-*/manifest.json"),
+                       key=lambda p: p.stat().st_mtime, reverse=True):
+        rows = json.loads(path.read_text(encoding="utf-8"))["extra"]["summary"]
+        row = next((r for r in rows if r["model"] == label and r["set"] == HELDOUT), None)
+        if row is not None:
+            return row
+    sys.exit(f"bench_autocoa: no eval report with model {label!r} under {afm_home}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--afm-home", type=Path, default=None)
+    parser.add_argument("--no-run", action="store_true", help="only read the runs already under --afm-home")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     home = args.afm_home or Path(f"/tmp/afm-autocoa-bench-{args.size}")
     base = SIZES[args.size] + args.overrides
-    size = {"size": args.size, "config": "configs/autocoa.yaml", "overrides": base}
+    size = {"size": args.size, "config": "configs/autocoa.yaml", "overrides": base, "afm_home": str(home)}
 
-    summaries, seconds = {}, {}
-    for name, extra in RUNS.items():
-        started = time.perf_counter()
-        summaries[name] = run_pipeline(home, name, base + extra)
-        seconds[name] = round(time.perf_counter() - started, 1)
-    full, ablation = summaries["full"], summaries["sft2_only"]
-    rows = {"full": eval_rows(full["report"]), "sft2_only": eval_rows(ablation["report"])}
-    rates = {**full["action_rates"], **ablation["action_rates"]}
+    if not args.no_run:
+        for name, extra in RUNS.items():
+            run_pipeline(home, name, base + extra)
+    metrics = pipeline_metrics(home)
+    full = metrics["full"]
 
     em = {}
-    for run, labels in (("sft2_only", ["sft2"]), ("full", ["sft1", "sft12", "sft123", "sft123_sim", "sft123_sim_real",
+    for run, labels in (("sft2_only", ["sft2"]), ("full", ["sft1", "sft12", "sft123", "sft123_sim", FULL_LABEL,
                                                           "react", "afm_sft", "afm_rl", "sft123_real", "untrained"])):
+        m = metrics[run]
         for label in labels:
-            row = heldout_row(rows[run], label)
-            em[label] = row["accuracy"]
-            record(f"heldout_em.{label}", row["accuracy"], None, "fraction",
-                   {**brief(row), "action_rates": rates.get(label), "run": run, **size}, RESULTS)
+            row = eval_row(home, label)
+            em[label] = m[f"eval.{label}.{HELDOUT}.accuracy"]
+            rates = {k.rsplit(".", 1)[1]: v for k, v in m.items() if k.startswith(f"action.{label}.")}
+            record(f"heldout_em.{label}", em[label], None, "fraction",
+                   {**brief(row), "action_rates": rates, "run": run, **size}, RESULTS)
 
-    calls = full["real_tool_calls"]
-    ratio = calls["sft123_sim_real"] / calls["sft123_real"] if calls.get("sft123_real") else float("nan")
-    gap = round(100 * (em["sft123_sim_real"] - em["sft123_real"]), 1)
+    sim_real, all_real = full["rl.sft123_sim_real.real_tool_calls"], full.get("rl.sft123_real.real_tool_calls")
+    ratio = sim_real / all_real if all_real else float("nan")
+    gap = round(100 * (em[FULL_LABEL] - em["sft123_real"]), 1)
     record("real_tool_call_ratio", ratio, 0.3, "ratio",
-           {"sim_then_real_calls": calls["sft123_sim_real"], "all_real_calls": calls.get("sft123_real"),
-            "em_sim_then_real": em["sft123_sim_real"], "em_all_real": em["sft123_real"], "em_gap_points": gap,
+           {"sim_then_real_calls": sim_real, "all_real_calls": all_real,
+            "sim_calls": full["rl.sft123_sim.real_tool_calls"],
+            "wall_s": {k.split(".")[1]: round(v, 1) for k, v in full.items() if k.endswith(".wall_s")},
+            "em_sim_then_real": em[FULL_LABEL], "em_all_real": em["sft123_real"], "em_gap_points": gap,
             "em_gap_target_points": 2.0, "em_gap_met": abs(gap) <= 2.0, **size}, RESULTS)
-    w2a = full["probes"]["sft1"]["when_to_act"]
-    record("when_to_act_after_sft1", w2a["accuracy"], 0.9, "fraction", {**w2a, **size}, RESULTS)
-    world = full["probes"]["sft123"]["world_model"]
-    record("world_model_f1_after_sft3", world["token_f1"], None, "token F1",
-           {"fact_present": world["fact_present"], "n": world["n"], "closed": world["closed"],
-            "before_sft3": full["probes"]["sft12"]["world_model"], **size}, RESULTS)
-    record("wall_seconds", sum(seconds.values()), None, "s", {"runs": seconds, **size}, RESULTS)
+    record("when_to_act_after_sft1", full["probe.sft1.when_to_act"], 0.9, "fraction",
+           {"after_sft12": full.get("probe.sft12.when_to_act"), "after_sft123": full.get("probe.sft123.when_to_act"),
+            **size}, RESULTS)
+    record("world_model_f1_after_sft3", full["probe.sft123.world_model_f1"], None, "token F1",
+           {"fact_present": full["probe.sft123.world_model_fact"],
+            "before_sft3_f1": full.get("probe.sft12.world_model_f1"),
+            **size}, RESULTS)
+    record("wall_seconds_full_run", full["seconds.total"], None, "s",
+           {"stages": {k.split(".", 1)[1]: v for k, v in full.items() if k.startswith("seconds.")}, **size}, RESULTS)
 
 
 if __name__ == "__main__":
