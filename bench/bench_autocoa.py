@@ -13,8 +13,9 @@ per problem, acted-when-needed and abstained-when-not rates); real_tool_call_rat
 RL at the same number of steps, target <= 0.3, detail: both EMs, target EM gap <= 2 points);
 when_to_act_after_sft1 (target >= 0.9); world_model_f1_after_sft3. Every row's detail names the size measured.
 
-Sizes (`--size`): `small` (the default) shrinks data, model and every stage so both runs take <= ~15 min on 2
-shared CPU cores: it shows the machinery and its counts, not AutoCoA's accuracy; `recipe` is
+Sizes (`--size`): `small` (the default) shrinks data, model and every stage, planned for <= ~15 min on 2 idle
+CPU cores (measured on 2026-12-05 with load average 17-34 on the shared machine: 30 min for the full run, ~4 min
+for the ablation): it shows the machinery and its counts, not AutoCoA's accuracy; `recipe` is
 configs/autocoa.yaml as written (the issue's quality-sized run; not run here: over an hour on 2 cores).
 
 Run:  nice -n 5 .venv/bin/python bench/bench_autocoa.py [--size small|recipe] [--afm-home /tmp/afm-autocoa-bench]
