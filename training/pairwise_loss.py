@@ -30,7 +30,6 @@ parallelism weight every pair of a step once (the trainer divides by the step's 
 """
 from __future__ import annotations
 
-import bisect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,9 @@ from models.tokenizer import encode_prompt, encode_segment, encode_untrusted
 from torch.utils.checkpoint import checkpoint
 
 from training.parallel import hf_model
-from training.sft_data import IGNORE_INDEX, DataReport, SFTExample, collate_rows, model_inputs, target_positions
+from training.sft_data import (
+    IGNORE_INDEX, DataReport, SFTExample, best_fit_rows, collate_rows, model_inputs, target_positions,
+)
 
 TagStyle = Literal["afm", "plain"]
 
@@ -178,20 +179,8 @@ def pack_pairs(pairs: Sequence[tuple[SFTExample, SFTExample]], max_len: int, pac
     sft_data.pack_examples), or one pair per row when `pack` is False."""
     if not pack:
         return [[c, r] for c, r in pairs]
-    order = sorted(range(len(pairs)), key=lambda i: (-(len(pairs[i][0]) + len(pairs[i][1])), i))
-    rows: list[list[SFTExample]] = []
-    rooms: list[tuple[int, int]] = []  # (room left, row index), sorted: bisect finds the tightest row that fits
-    for i in order:
-        length = len(pairs[i][0]) + len(pairs[i][1])
-        pos = bisect.bisect_left(rooms, (length, -1))
-        if pos == len(rooms):
-            rows.append(list(pairs[i]))
-            bisect.insort(rooms, (max_len - length, len(rows) - 1))
-            continue
-        room, row = rooms.pop(pos)
-        rows[row].extend(pairs[i])
-        bisect.insort(rooms, (room - length, row))
-    return rows
+    rows = best_fit_rows([len(c) + len(r) for c, r in pairs], max_len)
+    return [[example for i in row for example in pairs[i]] for row in rows]
 
 
 def count_pairs(batch: dict[str, torch.Tensor]) -> int:

@@ -151,29 +151,36 @@ def build_examples(
     return examples, report
 
 
-def pack_examples(examples: Sequence[SFTExample], max_len: int) -> list[list[SFTExample]]:
-    """Best-fit-decreasing bin packing into rows of at most `max_len` tokens (deterministic).
+def best_fit_rows(lengths: Sequence[int], max_len: int) -> list[list[int]]:
+    """Best-fit-decreasing bin packing of items with these token lengths into rows of at most `max_len` tokens
+    (deterministic); returns each row's item indices in placement order.
 
-    Longest examples first; each goes into the open row with the least room that still fits it. Rows keep
-    examples in placement order; the trainer shuffles row order per epoch.
+    Longest items first; each goes into the open row with the least room that still fits it.
     """
-    order = sorted(range(len(examples)), key=lambda i: (-len(examples[i]), i))
-    rows: list[list[SFTExample]] = []
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
     # (room left, row index) sorted by room, so bisect finds the tightest row that fits.
     rooms: list[tuple[int, int]] = []
     for i in order:
-        length = len(examples[i])
-        if length > max_len:
-            raise ValueError(f"example of {length} tokens exceeds max_len={max_len}; build_examples truncates first")
-        pos = bisect.bisect_left(rooms, (length, -1))
+        pos = bisect.bisect_left(rooms, (lengths[i], -1))
         if pos == len(rooms):
-            rows.append([examples[i]])
-            bisect.insort(rooms, (max_len - length, len(rows) - 1))
+            rows.append([i])
+            bisect.insort(rooms, (max_len - lengths[i], len(rows) - 1))
             continue
         room, row = rooms.pop(pos)
-        rows[row].append(examples[i])
-        bisect.insort(rooms, (room - length, row))
+        rows[row].append(i)
+        bisect.insort(rooms, (room - lengths[i], row))
     return rows
+
+
+def pack_examples(examples: Sequence[SFTExample], max_len: int) -> list[list[SFTExample]]:
+    """Best-fit-decreasing rows of examples (`best_fit_rows`). Rows keep examples in placement order; the
+    trainer shuffles row order per epoch."""
+    for example in examples:
+        if len(example) > max_len:
+            raise ValueError(f"example of {len(example)} tokens exceeds max_len={max_len}; "
+                             "build_examples truncates first")
+    return [[examples[i] for i in row] for row in best_fit_rows([len(e) for e in examples], max_len)]
 
 
 def epoch_row_order(n_rows: int, seed: int, epoch: int) -> list[int]:
