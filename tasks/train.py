@@ -24,7 +24,7 @@ from problems.pretrain_pages import pretraining_documents, write_text_jsonl
 from problems.world import WorldConfig
 from tasks.stages import default_store_uri, retry_on_transient, run_stage, stage_artifact, stage_key
 from training.rl_trainer import RLConfig, train_rl
-from training.sft_ray import train_sft
+from training.sft_ray import discard_run_state, train_sft
 from training.sft_trainer import SFTConfig
 
 
@@ -118,6 +118,15 @@ def _model_artifact(stage: str, key: str, store_uri: str, train, parent_run_id: 
     return run_stage(stage, key, store_uri, produce, kind="model", upload=False)
 
 
+def run_sft(cfg: SFTConfig) -> dict:
+    """The SFT job of a stage (SFT or pretraining) on Ray Train; what the stage records of it. Its checkpoints go
+    once the policy is registered: nothing resumes from them, and the stage's artifact is the policy's one copy."""
+    result = train_sft(cfg)
+    discard_run_state(cfg, result.run_id)
+    return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,
+            "final_loss": result.final_loss, "steps": result.steps, "tokens_per_s": result.tokens_per_s}
+
+
 @task(name="pretrain", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
 def pretrain_task(cfg: PretrainConfig, dataset: dict, base_uri: str, store_uri: str = "",
                   parent_run_id: str = "") -> dict:
@@ -130,11 +139,9 @@ def pretrain_task(cfg: PretrainConfig, dataset: dict, base_uri: str, store_uri: 
         pages = work_dir / "pages.jsonl"
         n_docs = write_text_jsonl(pages, pretraining_documents(read_corpus(data / "corpus.jsonl"), cfg.world,
                                                                cfg.extra_worlds))
-        result = train_sft(cfg.train.model_copy(update={
-            "model_path": base_uri, "dataset": str(pages), "data_format": "text", "output_dir": str(work_dir / "run")}))
-        return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,
-                "final_loss": result.final_loss, "steps": result.steps, "tokens_per_s": result.tokens_per_s,
-                "documents": n_docs}
+        return {**run_sft(cfg.train.model_copy(update={
+            "model_path": base_uri, "dataset": str(pages), "data_format": "text", "output_dir": str(work_dir / "run")})),
+            "documents": n_docs}
 
     inputs = [store_dataset(dataset, "corpus.jsonl", "training")]
     return _model_artifact("pretrain", key, store_uri or default_store_uri(), train, parent_run_id, inputs)
@@ -147,9 +154,7 @@ def sft_task(cfg: SFTConfig, store_uri: str = "", parent_run_id: str = "") -> di
     key = stage_key("sft", cfg)
 
     def train(work_dir: Path) -> dict:
-        result = train_sft(cfg.model_copy(update={"output_dir": str(work_dir / "run")}))
-        return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,
-                "final_loss": result.final_loss, "steps": result.steps, "tokens_per_s": result.tokens_per_s}
+        return run_sft(cfg.model_copy(update={"output_dir": str(work_dir / "run")}))
 
     return _model_artifact("sft", key, store_uri or default_store_uri(), train, parent_run_id)
 

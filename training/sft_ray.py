@@ -8,7 +8,9 @@ or s3://bucket/prefix via a pyarrow S3 filesystem honouring AWS_ENDPOINT_URL). R
 `keep_last`, and `FailureConfig(max_failures)` restarts dead workers from the latest one (exactly: see
 sft_trainer's doc), on any worker count. The driver owns the MLflow run; rank 0 appends metrics to it; the
 final policy (gathered once, training dtype) travels inside the last checkpoint and is moved to
-`<output_dir>/policy`, then registered.
+`<output_dir>/policy`, then registered. The Ray Train run is named after the MLflow run, so a later job never
+resumes from its checkpoints: once the policy is stored, `discard_run_state` deletes them (the last one holds
+the final weights again, in fp32 with AdamW: 6x the bf16 policy's bytes) and the tokenized rows.
 
     ray.init(num_cpus=2)                       # or an existing cluster
     result = train_sft(load_config(SFTConfig, "configs/sft.yaml", ["num_workers=2"]))
@@ -99,7 +101,7 @@ def ray_storage(uri: str) -> tuple[str, pyarrow.fs.FileSystem | None]:
 def move_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
     """Move `policy/` out of the final checkpoint, atomically (temp dir + rename), so Ray storage keeps no copy
     of it. Only that folder is read: the checkpoint's DCP shards (fp32 weights + AdamW, 6x the policy's bytes
-    for a bf16 7B) stay in storage for a continued run."""
+    for a bf16 7B) are not copied (RL resumes from them; SFT's go with `discard_run_state`)."""
     policy_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{policy_dir.name}.tmp-", dir=policy_dir.parent))
     (tmp / "policy").mkdir()
@@ -110,6 +112,21 @@ def move_policy(checkpoint: Checkpoint, policy_dir: Path) -> None:
     os.replace(tmp / "policy", policy_dir)
     shutil.rmtree(tmp)
     checkpoint.filesystem.delete_dir(f"{checkpoint.path}/policy")
+
+
+def ray_run_name(cfg: SFTConfig, run_id: str) -> str:
+    """The Ray Train run of the MLflow run `run_id`: one per job, so Ray never resumes another job's checkpoints
+    (worker restarts within the job still do, `max_failures`)."""
+    return f"{cfg.run_name}-{run_id[:8]}"
+
+
+def discard_run_state(cfg: SFTConfig, run_id: str) -> None:
+    """After the job's policy is stored: delete its Ray Train run (every DCP checkpoint it kept, on local disk or
+    S3) and the tokenized rows on this machine. No later job can resume from them (`ray_run_name`), and the
+    last checkpoint is a second, fp32 copy of the final weights (+ AdamW): 91 GB for a 7B model."""
+    storage_path, filesystem = ray_storage(cfg.checkpoint_uri or str(Path(cfg.output_dir) / "ray"))
+    (filesystem or pyarrow.fs.LocalFileSystem()).delete_dir(f"{storage_path}/{ray_run_name(cfg, run_id)}")
+    shutil.rmtree(Path(cfg.output_dir) / "rows", ignore_errors=True)  # training/sft_rows.py's directory
 
 
 def cpus_per_worker(cfg: SFTConfig) -> int:
@@ -139,7 +156,7 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
                 resources_per_worker=None if cfg.use_gpu else {"CPU": cpus_per_worker(cfg)},
             ),
             run_config=RunConfig(
-                name=f"{cfg.run_name}-{run_id[:8]}", storage_path=storage_path, storage_filesystem=filesystem,
+                name=ray_run_name(cfg, run_id), storage_path=storage_path, storage_filesystem=filesystem,
                 checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_last),
                 failure_config=FailureConfig(max_failures=cfg.max_failures),
             ),
