@@ -32,10 +32,11 @@ run: $(STAMP)
 RAY_TRAIN_TESTS := tests/sft/test_sft_ray.py tests/rl/test_trainer.py tests/rl/test_rl_distributed.py
 
 # -X faulthandler: a crash anywhere, also after pytest has finished (interpreter exit), prints every thread's
-# Python stack instead of a bare "Segmentation fault" (see afm/hard_exit.py).
+# Python stack instead of a bare "Segmentation fault" (see afm/hard_exit.py). --durations: CI's log names the
+# slowest tests, so the suite's time (CI allows 30 min on 2 cores) can be watched.
 test: $(STAMP)
-	$(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider $(addprefix --ignore=,$(RAY_TRAIN_TESTS))
-	for t in $(RAY_TRAIN_TESTS); do $(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider $$t || exit 1; done
+	$(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 $(addprefix --ignore=,$(RAY_TRAIN_TESTS))
+	for t in $(RAY_TRAIN_TESTS); do $(BIN)/python -X faulthandler -m pytest -m "not gpu" -q -p no:cacheprovider --durations=5 $$t || exit 1; done
 
 test-fast: $(STAMP)
 	$(BIN)/python -X faulthandler -m pytest -m "not gpu and not integration and not slow" -q -p no:cacheprovider
