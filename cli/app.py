@@ -6,7 +6,7 @@ the console script `afm` is `cli.app:app`, and `python -m cli` runs the same.
     afm distill | sft | rl | eval  [--config FILE] [--set key=value ...]    # one stage
     afm stack up | status | down                                              # local S3 + MLflow + Prefect + Ray
     afm deploy                                                                # register Prefect deployments
-    afm serve MODEL [--port 8000]                                             # Ray Serve, OpenAI-compatible
+    afm serve MODEL [--port 8000] [--engine auto|hf|vllm]                     # Ray Serve, OpenAI-compatible
     afm lineage MODEL                                                         # RL run -> SFT run -> dataset sha
 
 Each stage subcommand reads the YAML recipe (`--config`), applies `--set` overrides (dotted keys, YAML values)
@@ -166,6 +166,10 @@ def serve(
     corpus: Optional[Path] = typer.Option(
         None, help="Search corpus JSONL for web_search/crawl_page (a distill dataset's corpus.jsonl). Default: "
                    "the corpus recorded with the model."),
+    engine: Optional[str] = typer.Option(
+        None, help="auto | hf | vllm. vllm: vLLM's OpenAI server under the replica (vLLM server flags: --set "
+                   "vllm.python=.vllm-venv/bin/python, vllm.max_model_len=..., see ServeConfig). Default: auto "
+                   "(vllm on GPUs when vllm.python has vLLM, else hf)."),
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
@@ -175,6 +179,7 @@ def serve(
     overrides = (set_ or []) + [f"model={model}", f"port={port}"]
     overrides += [f"toolbox.tools={json.dumps(tools.split(','))}"] if tools else []
     overrides += [f"corpus_path={corpus}"] if corpus else []
+    overrides += [f"engine={engine}"] if engine else []
     cfg = _load(ServeConfig, config, overrides)
     _preflight(paths={"model": cfg.model, "corpus": str(cfg.corpus_path or "")})
     try:

@@ -17,8 +17,12 @@ place, a remote one is downloaded. The replica gets that path, plus the tracking
 On a multi-node cluster give a path every node sees. Stopping shuts Serve down (the HTTP proxy too, so the port
 is free) and removes a downloaded copy. A port already in use is an error before anything starts.
 
-On CPU the model runs in the replica with transformers (serving/service.py). On GPU machines serve chat with
-vLLM's own OpenAI server (or `ray.serve.llm`) and keep this app for `/v1/agent`.
+Engines (`ServeConfig.engine`, `afm serve --engine`): `hf` runs the model in the replica with transformers;
+`vllm` has the replica start vLLM's own OpenAI server as its child process and answer chat completions (whole
+and streamed) and the /v1/agent loop through it, with this app's validation and error schema in front
+(serving/vllm_server.py); `auto` (default) picks vllm when the Ray cluster has GPUs and `vllm.python` can import
+vLLM, else hf. With vllm on GPUs the replica reserves `vllm.tensor_parallel_size` GPUs; the child stops with the
+replica (and dies with it when the replica is killed).
 Binds 127.0.0.1 unless `host` says otherwise. No authentication: put it behind a gateway before exposing it.
 """
 # No `from __future__ import annotations` here: Ray Serve's ingress wraps the route methods, and FastAPI then
@@ -45,7 +49,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from afm.tracking import resolve_model_uri
 from serving.openai_schema import AgentRequest, ChatRequest, OpenAIError, error_body, sse, validation_error
-from serving.service import AgentService, ServeConfig, ServeError, check_tools, serving_tools
+from serving.service import AgentService, ServeConfig, ServeError, check_tools, resolve_engine, serving_tools
+from serving.vllm_server import VLLMConfig
 
 log = logging.getLogger(__name__)
 APP_NAME = "afm"
@@ -114,6 +119,9 @@ class AgentDeployment:
         service = getattr(self, "service", None)  # None when __init__ failed
         if service is not None:
             service.close()
+
+    def check_health(self):  # Ray Serve calls it periodically; raising replaces the replica
+        self.service.check_health()
 
     @api.get("/v1/models")
     def list_models(self):
@@ -226,6 +234,14 @@ def wait_ready(url: str, model_name: str, timeout_s: float) -> None:
     raise ServeError(f"nothing answers at {url} {timeout_s:.0f} s after deploying (see the Ray logs)")
 
 
+def absolute_python(vllm: VLLMConfig) -> VLLMConfig:
+    """`vllm.python` as an absolute path (a relative one or a name on PATH is the CLI's; the replica runs
+    elsewhere). Not resolved: a venv's interpreter is a symlink that must stay one to find its packages."""
+    if vllm.python is None:
+        return vllm
+    return vllm.model_copy(update={"python": str(Path(shutil.which(vllm.python) or vllm.python).absolute())})
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -246,20 +262,26 @@ def run_server(cfg: ServeConfig, blocking: bool = True, ready_timeout_s: float =
         if serve_running():
             raise ServeError("Ray Serve already runs in this Ray cluster (another `afm serve`?); stop it first "
                              "(`serve shutdown`), or unset RAY_ADDRESS to serve from a Ray of this process")
+        gpus = ray.cluster_resources().get("GPU", 0) > 0
+        engine = resolve_engine(cfg, gpus)
         handle.own_serve = True
         serve.start(http_options={"host": cfg.host, "port": cfg.port})
         env = {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name)}
-        deployment = AgentDeployment.options(ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": env}})
-        local_cfg = cfg.model_copy(update={"model": str(model_dir)})
-        serve.run(deployment.bind(local_cfg.model_dump_json()), name=APP_NAME, route_prefix="/", blocking=False)
-        wait_ready(url, cfg.model_name, ready_timeout_s)
+        actor = {"num_cpus": 1, "runtime_env": {"env_vars": env}}
+        if engine == "vllm" and gpus:  # Ray then sets CUDA_VISIBLE_DEVICES, which the vLLM child inherits
+            actor["num_gpus"] = cfg.vllm.tensor_parallel_size
+        local_cfg = cfg.model_copy(update={"model": str(model_dir), "engine": engine,
+                                           "vllm": absolute_python(cfg.vllm)})
+        serve.run(AgentDeployment.options(ray_actor_options=actor).bind(local_cfg.model_dump_json()), name=APP_NAME,
+                  route_prefix="/", blocking=False)
+        wait_ready(url, cfg.model_name, ready_timeout_s + (cfg.vllm.startup_timeout_s if engine == "vllm" else 0))
     except BaseException:
         handle.stop(timeout_s=0)
         raise
     if not blocking:
         return handle
     print(f"serving {cfg.model} as {cfg.model_name!r} at {url} (Ctrl-C to stop); /v1/agent tools: "
-          f"{', '.join(toolbox.tools)}, {tools_source}", flush=True)
+          f"{', '.join(toolbox.tools)}, {tools_source}; engine: {engine}", flush=True)
     # SIGTERM (kill, a supervisor) must stop Serve as Ctrl-C does, not leave the proxy answering on the port.
     signal.signal(signal.SIGTERM, _interrupt)
     try:

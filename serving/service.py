@@ -2,6 +2,12 @@
 (whole or token by token) and running the Chain-of-Agents loop of /v1/agent (whole or segment by segment).
 No HTTP here: serving/app.py maps routes onto AgentService and its errors (OpenAIError) onto status codes.
 
+Two engines (`ServeConfig.engine`): `hf` runs the policy here with transformers (CPU); `vllm` starts vLLM's own
+OpenAI server as a child process (serving/vllm_server.py), forwards chat completions to it after validating them
+here, and runs the /v1/agent loop through it (models/engines/openai_http.OpenAIEngine); the policy's weights are
+then never loaded in this process, only its tokenizer. `auto` is vllm where there are GPUs and the configured
+interpreter has vLLM, else hf.
+
     cfg = ServeConfig(model="/path/to/policy")
     svc = AgentService(cfg)                     # cfg.model must already be a local directory (prepare_model)
     svc.chat(ChatRequest(model="afm", messages=[{"role": "user", "content": "hi"}]))
@@ -20,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -30,13 +36,15 @@ from afm.config import Config
 from afm.tracking import TOOLS_DIR
 from agents.tools.toolbox import ToolboxConfig, build_toolbox
 from models.engines.hf import HFEngine, cache_kwarg, sample_next_tokens
+from models.engines.openai_http import OpenAIEngine
 from models.format import STOP_STRINGS, render_segments
 from models.policy import load_policy
-from models.tokenizer import decode, encode_prompt
+from models.tokenizer import decode, encode_prompt, load_tokenizer
 from problems.miniweb import serve_corpus
 from problems.records import Problem
 from serving.openai_schema import AgentRequest, ChatRequest, OpenAIError, chat_chunk, chat_completion, \
     completion_id, usage
+from serving.vllm_server import VLLMConfig, VLLMServer, has_vllm, interpreter
 from training.rl_rollout import Episode, RolloutConfig, advance_episode
 
 
@@ -54,6 +62,11 @@ class ServeConfig(Config):
                                                             "the model, else the code tool only.")
     corpus_path: Path | None = Field(None, description="Search corpus (JSONL) served as the mini-web for the web "
                                                        "tools; None: the corpus recorded with the model, if any.")
+    engine: Literal["auto", "hf", "vllm"] = Field("auto", description="hf: transformers in the replica (CPU); vllm: "
+                                                                      "vLLM's OpenAI server as the replica's child "
+                                                                      "process; auto: vllm when the Ray cluster has "
+                                                                      "GPUs and vllm.python has vLLM, else hf.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="The vLLM server (engine vllm).")
 
 
 def recorded_tools(model_dir: Path) -> tuple[ToolboxConfig | None, Path | None]:
@@ -82,6 +95,19 @@ class ServeError(RuntimeError):
     """A serving setup that cannot work (`afm serve` prints the message and exits 1)."""
 
 
+def resolve_engine(cfg: ServeConfig, gpus: bool) -> Literal["hf", "vllm"]:
+    """The engine `cfg.engine` means on a cluster with (or without) GPUs. An explicit vllm whose interpreter
+    lacks vLLM is an error here, in the driver, rather than a replica that never comes up."""
+    if cfg.engine == "hf" or (cfg.engine == "auto" and not gpus):
+        return "hf"
+    if has_vllm(interpreter(cfg.vllm)):
+        return "vllm"
+    if cfg.engine == "auto":
+        return "hf"
+    raise ServeError(f"engine=vllm, but {interpreter(cfg.vllm)} cannot import vllm: install it there (pip install "
+                     f"'.[gpu]') or set vllm.python to an interpreter that has it (e.g. .vllm-venv/bin/python)")
+
+
 def check_tools(toolbox: ToolboxConfig, corpus: Path | None) -> None:
     """Fail in the driver, with the fix in the message, rather than in the replica with a traceback."""
     needs_corpus = "wiki_search" in toolbox.tools or (
@@ -105,12 +131,26 @@ class AgentService:
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
         model_dir = Path(cfg.model)
-        self.model, self.tokenizer = load_policy(model_dir)
-        self.model.eval()
-        self.engine = HFEngine(self.model, self.tokenizer)
-        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
-        toolbox_cfg, corpus, self.tools_source = serving_tools(cfg, model_dir)
-        self._resources = ExitStack()  # the mini-web over the corpus lives as long as the service
+        self._resources = ExitStack()  # the vLLM server and the mini-web live as long as the service
+        try:
+            self._start(model_dir, resolve_engine(cfg, gpus=torch.cuda.is_available()))
+        except BaseException:
+            self._resources.close()
+            raise
+
+    def _start(self, model_dir: Path, engine: str) -> None:
+        self.vllm: VLLMServer | None = None
+        if engine == "vllm":
+            self.tokenizer = load_tokenizer(model_dir)
+            self.vllm = self._resources.enter_context(VLLMServer(self.cfg.vllm, model_dir, self.cfg.model_name))
+            self.engine = OpenAIEngine(self.vllm.url, self.cfg.model_name)
+            self.context = self.vllm.max_model_len
+        else:
+            self.model, self.tokenizer = load_policy(model_dir)
+            self.model.eval()
+            self.engine = HFEngine(self.model, self.tokenizer)
+            self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+        toolbox_cfg, corpus, self.tools_source = serving_tools(self.cfg, model_dir)
         if corpus is not None:
             toolbox_cfg = self._resources.enter_context(serve_corpus(toolbox_cfg, corpus))
         self.toolbox_cfg = toolbox_cfg
@@ -118,6 +158,12 @@ class AgentService:
 
     def close(self) -> None:
         self._resources.close()
+
+    def check_health(self) -> None:
+        """Raise when the engine is gone (vLLM exited): Ray Serve then replaces the replica."""
+        if self.vllm is not None and not self.vllm.alive():
+            raise RuntimeError(f"the vLLM server exited (code {self.vllm.proc.returncode}); "
+                               f"see {self.vllm.log_path}")
 
     def models(self) -> dict:
         return {"object": "list", "data": [self.model_card(self.cfg.model_name)]}
@@ -133,10 +179,8 @@ class AgentService:
     def _prompt(self, req: ChatRequest) -> tuple[list[int], int]:
         """(prompt ids, completion budget); 404 for another model, 400 for a max_tokens that cannot fit."""
         self.model_card(req.model)  # 404 for another model
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in req.messages]
-        prompt = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=False))
+        prompt = list(self.tokenizer.apply_chat_template(self._messages(req), add_generation_prompt=True,
+                                                         tokenize=True, return_dict=False))
         room = min(self.cfg.max_tokens_limit, self.context - len(prompt))
         if room <= 0:
             raise OpenAIError(400, f"The prompt is {len(prompt)} tokens; this model's context is {self.context} "
@@ -148,6 +192,21 @@ class AgentService:
                                    f"{self.context}, server cap {self.cfg.max_tokens_limit}).",
                               param="max_tokens", code="invalid_value")
         return prompt, asked or min(self.cfg.max_new_tokens, room)
+
+    @staticmethod
+    def _messages(req: ChatRequest) -> list[dict[str, str]]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+
+    def _vllm_body(self, req: ChatRequest, max_new: int) -> dict[str, Any]:
+        """The request as vLLM gets it: the prompt and sampling the hf engine would use (same defaults, the
+        validated max_tokens, tags kept in the text as models/tokenizer.decode keeps them)."""
+        body = {"model": self.cfg.model_name, "messages": self._messages(req), "max_tokens": max_new,
+                "temperature": 1.0 if req.temperature is None else req.temperature,
+                "top_p": 1.0 if req.top_p is None else req.top_p, "stop": req.stop, "seed": req.seed,
+                "stream": req.stream, "skip_special_tokens": False, "spaces_between_special_tokens": False}
+        if req.stream and req.stream_options is not None:
+            body["stream_options"] = req.stream_options.model_dump()
+        return body
 
     def _tokens(self, prompt: list[int], max_new: int, temperature: float, top_p: float,
                 seed: int | None) -> Iterator[int]:
@@ -193,6 +252,8 @@ class AgentService:
 
     def chat(self, req: ChatRequest) -> dict:
         prompt, max_new = self._prompt(req)
+        if self.vllm is not None:
+            return self.vllm.chat(self._vllm_body(req, max_new))
         done = Completion()
         text = "".join(self.stream_text(req, prompt, max_new, done))
         return chat_completion(completion_id(), self.cfg.model_name, text, done.finish_reason, len(prompt),
@@ -201,6 +262,8 @@ class AgentService:
     def chat_chunks(self, req: ChatRequest) -> Iterator[dict]:
         """`chat.completion.chunk`s: the role, content deltas, the finish reason, then usage if asked."""
         prompt, max_new = self._prompt(req)  # raises before the first chunk: a bad request is still a 4xx
+        if self.vllm is not None:
+            return self.vllm.chat_chunks(self._vllm_body(req, max_new))
         return self._chunks(req, prompt, max_new)
 
     def _chunks(self, req: ChatRequest, prompt: list[int], max_new: int) -> Iterator[dict]:
