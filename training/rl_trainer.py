@@ -27,6 +27,7 @@ Usage:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -359,6 +360,16 @@ def cpus_per_learner(cfg: RLConfig) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)) // cfg.num_learners)
 
 
+def ray_run_name(cfg: RLConfig, output_dir: Path) -> str:
+    """The Ray Train run of the job writing `output_dir`: the same name on every invocation, so a rerun resumes
+    from the newest checkpoint of the last one (`resume`). Under the default storage (`<output_dir>/ray`) the
+    directory already tells jobs apart; a shared `checkpoint_uri` (one S3 prefix for every job) gets a name per
+    output_dir, so one job never resumes from another's checkpoints."""
+    if not cfg.checkpoint_uri:
+        return "rl"
+    return "rl-" + hashlib.sha256(str(output_dir.resolve()).encode()).hexdigest()[:12]
+
+
 def train_rl(cfg: RLConfig) -> RLResult:
     """Run the RL job described by `cfg` on Ray (a local cluster unless one is running); one MLflow run.
     Returns the final policy dir, MLflow run id, model version and per-step history."""
@@ -399,8 +410,7 @@ def train_rl(cfg: RLConfig) -> RLResult:
                                    "cpus_per_learner": cpus_per_learner(cfg)},
                 scaling_config=ScalingConfig(num_workers=cfg.num_learners, use_gpu=cfg.use_gpu,
                                              resources_per_worker=None if cfg.use_gpu else {"CPU": cpus_per_learner(cfg)}),
-                # One run name per output_dir: Ray Train finds the newest checkpoint of an earlier invocation.
-                run_config=RunConfig(name="rl", storage_path=storage_path, storage_filesystem=filesystem,
+                run_config=RunConfig(name=ray_run_name(cfg, output_dir), storage_path=storage_path, storage_filesystem=filesystem,
                                      checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_last),
                                      failure_config=FailureConfig(max_failures=cfg.max_failures)),
             )

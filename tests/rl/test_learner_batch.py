@@ -31,3 +31,15 @@ def test_problem_stream_covers_each_epoch_and_is_deterministic():
     assert sorted(first_epoch) == sorted(p.id for p in problems)
     assert first_epoch == [p.id for s in range(5) for p in next_problems(problems, 2 * s, 2, seed=7)]
     assert first_epoch != [p.id for s in range(5) for p in next_problems(problems, 2 * s, 2, seed=8)]
+
+
+def test_jobs_sharing_a_checkpoint_uri_get_their_own_ray_run(tmp_path):
+    """A shared `checkpoint_uri` (one S3 prefix for every RL job) must not let one job resume from another's
+    checkpoints; a rerun of the same job (same output_dir) finds its own run again."""
+    from training.rl_trainer import RLConfig, ray_run_name
+
+    shared = RLConfig(policy="p", problems_path="x.jsonl", checkpoint_uri="s3://bucket/rl")
+    a, b = ray_run_name(shared, tmp_path / "rl-a"), ray_run_name(shared, tmp_path / "rl-b")
+    assert a != b and a == ray_run_name(shared, tmp_path / "rl-a")
+    default = RLConfig(policy="p", problems_path="x.jsonl")  # storage <output_dir>/ray: a directory per job already
+    assert ray_run_name(default, tmp_path / "rl-a") == "rl"
