@@ -1,6 +1,7 @@
-"""Re-take the README's MLflow screenshots in a real (headless) browser, and re-print its streaming-chat example.
+"""Re-take the README's MLflow and Prefect screenshots in a real (headless) browser, and re-print its
+streaming-chat example.
 
-Two subcommands, each run by the interpreter that has its one extra dependency:
+Three subcommands, each run by the interpreter that has its one extra dependency:
 
     # 1. MLflow: starts `mlflow ui` (the README's lean flags) on AFM_HOME's store, opens it in Chromium and saves
     #    docs/images/mlflow-pipeline-runs.png (the `pipeline` runs with their nested stages) and
@@ -14,6 +15,11 @@ Two subcommands, each run by the interpreter that has its one extra dependency:
     # 2. Chat: `afm serve` the model on 127.0.0.1, stream a chat completion and an agent answer with the official
     #    `openai` client (the README's snippets, same code) and print what they print; then stop the server.
     .venv/bin/python infra/screenshots.py chat --afm-home /tmp/shots/home [--model models:/afm-rl@champion]
+
+    # 3. Prefect: a throw-away Prefect server (its own PREFECT_HOME under --afm-home), `afm deploy` on it and a
+    #    worker polling the pool (so the deployments are Ready), then docs/images/prefect-deployments.png (the
+    #    Deployments page). Same browser needs as mlflow.
+    python infra/screenshots.py prefect --afm-home /tmp/shots/home [--chrome /path/to/chromium]
 
 The store needs at least two runs of the `pipeline` experiment, e.g. two `afm pipeline` runs in a throw-away
 AFM_HOME (`AFM_HOME=/tmp/shots/home .venv/bin/afm pipeline --config configs/default.yaml --set ...`). Every
@@ -135,6 +141,52 @@ def shoot_mlflow(args: argparse.Namespace) -> None:
         stop(proc)
 
 
+def shoot_prefect(args: argparse.Namespace) -> None:
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_HOME=str(args.afm_home / "prefect"), PREFECT_API_URL=api,
+               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    proc = subprocess.Popen([str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"{api}/health", proc, timeout_s=300)  # a fresh PREFECT_HOME migrates its database first
+        subprocess.run([str(VENV_BIN / "afm"), "deploy"], env=env, check=True)
+        # A deployment is Ready only while a worker polls its pool.
+        worker = subprocess.Popen([str(VENV_BIN / "prefect"), "worker", "start", "--pool", "afm-process"], env=env,
+                                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready_deployments(api, timeout_s=180)
+            shoot_deployments(args, port)
+        finally:
+            stop(worker)
+    finally:
+        stop(proc)
+
+
+def wait_ready_deployments(api: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        req = urllib.request.Request(f"{api}/deployments/filter", data=b"{}",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            if all(d["status"] == "READY" for d in json.load(r)):
+                return
+        time.sleep(2)
+    raise SystemExit(f"deployments not Ready {timeout_s:.0f} s after the worker started")
+
+
+def shoot_deployments(args: argparse.Namespace, port: int) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=args.chrome, args=CHROME_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(f"http://127.0.0.1:{port}/deployments")
+        page.get_by_text("nightly-retrain").first.wait_for(timeout=60_000)
+        save(page, args.out / "prefect-deployments.png")
+        browser.close()
+
+
 def scroll_metrics_to(page, name: str) -> None:
     """Wheel over the compare page's metric table, as a user does, until metric `name`'s row is in view (MLflow
     caps the table at 300 px, ~6 rows, and renders only visible rows). Not scrollTop: the names and the values
@@ -231,6 +283,10 @@ def main() -> None:
     shots.add_argument("--compare-height", type=int, default=900, help="viewport height of the compare shot (px)")
     shots.add_argument("--first-metric", default="rl.reward_first",
                        help="the compare shot's metric table starts at this metric (it shows ~6 rows)")
+    prefect = sub.add_parser("prefect", help="screenshot the Prefect deployments page")
+    prefect.add_argument("--afm-home", type=Path, required=True, help="the throw-away server's PREFECT_HOME goes here")
+    prefect.add_argument("--chrome", default=None, help="Chromium binary (default: playwright's own)")
+    prefect.add_argument("--out", type=Path, default=REPO / "docs" / "images", help="where the PNG goes")
     chat = sub.add_parser("chat", help="serve a model and print the README's streaming examples")
     chat.add_argument("--afm-home", type=Path, required=True, help="AFM_HOME whose mlflow.db holds the model")
     chat.add_argument("--model", default="models:/afm-rl@champion", help="what `afm serve` serves")
@@ -238,7 +294,7 @@ def main() -> None:
     chat.add_argument("--question", default="What is the capital of Ludoria?", help="asked in both examples")
     args = parser.parse_args()
     args.afm_home = args.afm_home.resolve()
-    shoot_mlflow(args) if args.what == "mlflow" else run_chat(args)
+    {"mlflow": shoot_mlflow, "prefect": shoot_prefect, "chat": run_chat}[args.what](args)
 
 
 if __name__ == "__main__":
