@@ -38,7 +38,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from models.policy import load_policy, save_policy
 from models.policy_tokens import add_coa_special_tokens
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
+from training.cpu_threads import ThreadChooser
 from training.lr import warmup_schedule
 from training.parallel import (
     Parallelism, clip_grad_norm, fill_from_rank0, grad_sync, hf_model, parallelize, single_process_group,
@@ -97,6 +98,11 @@ class SFTConfig(Config):
     num_workers: int = Field(1, ge=1, description="Ray Train data-parallel workers (run_sft_local always uses 1).")
     cpus_per_worker: int | None = Field(None, ge=1, description="CPUs (= torch threads) per CPU worker; None: the "
                                                                 "Ray cluster's CPUs / num_workers.")
+    cpu_threads: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="torch threads of a CPU worker. auto: the worker's own count (Ray's CPU reservation), "
+                            "re-timed against 1 thread every 200 steps and the faster kept (training/cpu_threads.py: on "
+                            "2 cores shared with other processes two spinning OpenMP threads ran 5-10x slower than one, "
+                            "idle 1.7x faster); an int fixes the count.")
     use_gpu: bool = Field(False, description="One GPU per worker (NCCL); False trains on CPU (gloo).")
     parallelism: Parallelism = Field("ddp", description="ddp: a full model, gradients and AdamW state on every worker; "
                                                         "fsdp: FSDP2 shards them over the workers (each decoder layer and the "
@@ -348,8 +354,21 @@ def checkpoint_state(parts: TrainParts, step: int, elapsed_s: float, loss: float
     }
 
 
+def thread_chooser(cfg: SFTConfig, ctx: WorkerContext) -> ThreadChooser | None:
+    """CPU workers: a fixed `cpu_threads` (set here), or a ThreadChooser between 1 thread and the worker's own
+    count; None where nothing is left to choose (GPU, a fixed count, a 1-thread worker)."""
+    if ctx.device.type != "cpu":
+        return None
+    if cfg.cpu_threads != "auto":
+        torch.set_num_threads(cfg.cpu_threads)
+        return None
+    own = torch.get_num_threads()
+    return ThreadChooser([1, own]) if own > 1 else None
+
+
 def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: MetricsLogger | None) -> TrainOutcome:
     """The optimisation loop from `parts.start_step` to `total_steps`, the time budget, or the end of data."""
+    chooser = thread_chooser(cfg, ctx)
     loss, step = float("nan"), parts.start_step
     elapsed_s, order_epoch, order = parts.elapsed_s, -1, []
     total_tokens, loop_start = 0.0, time.perf_counter()
@@ -369,17 +388,20 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: Metrics
         targets, tokens, stop = all_reduce_sum([sum(loss_units(cfg, b) for b in batches), local_tokens, out_of_time], ctx)
         if stop:  # every worker sees the same sum, so all stop at the same step
             break
+        threads = chooser.threads_for(step) if chooser is not None else torch.get_num_threads()
         loss_sum, grad_norm = train_step(parts, cfg, ctx, batches, targets)
         (global_loss_sum,) = all_reduce_sum([loss_sum], ctx)
         loss = global_loss_sum / targets
         step += 1
         seconds = time.perf_counter() - tick
+        if chooser is not None:
+            chooser.record(threads, seconds, local_tokens)
         elapsed_s += seconds
         total_tokens += tokens
         tokens_per_s = tokens / seconds
         metrics = {
             "loss": loss, "lr": parts.scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-            "tokens_per_s": tokens_per_s, "epoch": step / parts.steps_per_epoch,
+            "tokens_per_s": tokens_per_s, "epoch": step / parts.steps_per_epoch, "threads": threads,
         }
         if logger is not None:
             logger.log(metrics, step)
@@ -446,9 +468,11 @@ def train_worker(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path, logger: Met
     parts = setup(cfg, ctx, work_dir)
     if logger is not None:
         logger.log(parts.data.as_metrics(), step=0)
+    threads = torch.get_num_threads()
     try:
         return train(parts, cfg, ctx, logger)
     finally:
+        torch.set_num_threads(threads)  # the chooser's last pick must not leak into what the process runs next
         cleanup(logger)
 
 

@@ -1,0 +1,54 @@
+"""The torch thread count of a CPU training worker, chosen by timing steps while it trains (issue #26).
+
+    chooser = ThreadChooser([1, torch.get_num_threads()])
+    for step in ...:
+        threads = chooser.threads_for(step)        # sets torch's intra-op threads for this step
+        ... one optimizer step of `tokens` tokens in `seconds` ...
+        chooser.record(threads, seconds, tokens)
+
+Why. torch's CPU wheels run intra-op parallelism on OpenMP threads that spin while they wait for each other.
+On an idle 2-core machine two threads train the 4-layer tiny policy ~1.7x faster than one; on the same
+machine shared with other processes (load 4-9 on 2 cores) a descheduled thread leaves its partner spinning
+at every op and two threads ran 5-10x SLOWER than one (measured side by side, docs/figures.md, #26).
+OMP_WAIT_POLICY=PASSIVE would cure the spinning, but libgomp reads it once when torch loads, before any of
+this code runs. So the worker keeps its thread count (Ray sets it to the worker's CPU reservation) and every
+`every` steps times one step on each other candidate; a candidate that trains more tokens per second than
+the current count's recent median takes over. The thread count does not change the arithmetic here (losses
+bit-identical on 1 and 2 threads, tests/sft/test_cpu_threads.py), so the choice changes speed only.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+import torch
+
+
+class ThreadChooser:
+    """Which torch thread count trains fastest now; re-checked every `every` steps as the machine's load changes."""
+
+    def __init__(self, candidates: list[int], every: int = 200, first: int = 3, window: int = 10):
+        self.candidates = sorted(set(candidates))
+        self.current = max(self.candidates)  # the worker's own count: the old behaviour until a probe beats it
+        self.every, self.first = every, first
+        self.recent: deque[float] = deque(maxlen=window)  # seconds per token of the current count's last steps
+        self.pending: list[int] = []
+
+    def threads_for(self, step: int) -> int:
+        """The thread count for `step` (set in torch): a probe of another candidate, or the current choice."""
+        if step >= self.first and (step - self.first) % self.every == 0 and self.recent:
+            self.pending = [c for c in self.candidates if c != self.current]
+        threads = self.pending[0] if self.pending else self.current
+        torch.set_num_threads(threads)
+        return threads
+
+    def record(self, threads: int, seconds: float, tokens: int) -> None:
+        """One step's time; a probe that beats the current count's recent median switches to its count."""
+        per_token = seconds / max(1, tokens)
+        if threads == self.current:
+            self.recent.append(per_token)
+            return
+        self.pending.remove(threads)
+        if per_token < statistics.median(self.recent):
+            self.current = threads
+            self.recent = deque([per_token], maxlen=self.recent.maxlen)
