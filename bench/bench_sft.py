@@ -4,6 +4,7 @@ achieved FLOP/s against a measured fp32 matmul peak; optionally a model-size swe
     .venv/bin/python bench/bench_sft.py                  # throughput lines (~5 min on 2 cores)
     .venv/bin/python bench/bench_sft.py --data .afm/artifacts/stages/distill-<key>/train.jsonl
     .venv/bin/python bench/bench_sft.py --learnability   # + size sweep and a 4-minute learning run
+    .venv/bin/python bench/bench_sft.py --threads-only   # only the thread-choice line (#26, ~5 min)
 
 Throughput data: distilled CoA trajectories (their real length spread, ~100-1000 tokens, is what packing
 saves padding on): `--data`, or a small distillation run made here (8 worlds, oracle teacher, ~1 min).
@@ -16,12 +17,18 @@ examples' real tokens consumed / `train_runtime`. Achieved FLOP/s = 6 x (all par
 included) x tokens/s: the usual dense-transformer estimate (2 forward + 4 backward FLOPs per parameter
 per token), attention score FLOPs ignored (an undercount at max_len 1024). Peak = fp32 `torch.mm` of 2048^2
 matrices on the same threads (2 n^3 FLOPs per product).
+
+Thread choice (#26): the default recipe's step (micro_batch 2 x max_len 1024) with `sft.cpu_threads=auto`
+(training/cpu_threads.py) ÷ the same run on a fixed THREADS threads (what a 2-CPU Ray worker had before),
+interleaved rounds, median of each; the 1-minute load averages go into the line, since the ratio depends on
+what else runs on the cores (~1 on idle cores, several x when other processes compete for them).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -124,12 +131,17 @@ def distilled_trajectories(work: Path, data: Path | None) -> list:
     return list(read_jsonl(data))[:800]
 
 
-def throughput(work: Path, source: Path | None) -> None:
+def prepare(work: Path, source: Path | None) -> tuple[list, Path, TinyModelConfig, Path, object]:
+    """Trajectories, their train.jsonl, and the 4-layer tiny policy (config, directory, tokenizer) trained on them."""
     trajectories = distilled_trajectories(work, source)
     data = work / "train.jsonl"
     write_jsonl(data, trajectories)
     model_cfg = TinyModelConfig(hidden_size=128, num_layers=4, max_position_embeddings=MAX_LEN)
-    policy, tokenizer = make_policy(work, trajectories, model_cfg)
+    return (trajectories, data, model_cfg, *make_policy(work, trajectories, model_cfg))
+
+
+def throughput(work: Path, source: Path | None) -> None:
+    trajectories, data, model_cfg, policy, tokenizer = prepare(work, source)
     params = sum(p.numel() for p in build_tiny_model(model_cfg, tokenizer).parameters())
     examples, _ = build_examples(trajectories, tokenizer, None, MAX_LEN)
     per_row = MAX_LEN / (sum(len(e) for e in examples) / len(examples))
@@ -158,6 +170,23 @@ def throughput(work: Path, source: Path | None) -> None:
     achieved = 6 * params * ours
     emit("achieved_flops", achieved, None, "FLOP/s", {**detail, "count": "6 * params * tokens/s"})
     emit("mfu_vs_measured_matmul_peak", achieved / peak, None, "ratio", {**detail, "matmul_peak_flops": round(peak)})
+    thread_choice(work, data, policy)
+
+
+def thread_choice(work: Path, data: Path, policy: Path, steps: int = 80, rounds: int = 3) -> None:
+    """`cpu_threads=auto` vs a fixed THREADS threads on the default recipe's step shape, interleaved rounds."""
+    runs: dict[str, list[float]] = {"auto": [], "fixed": []}
+    loads = []
+    for _ in range(rounds):
+        for name, threads in (("fixed", THREADS), ("auto", "auto")):
+            loads.append(round(os.getloadavg()[0], 2))
+            runs[name].append(ours_tokens_per_s(work, policy, data, steps, micro_batch=2, cpu_threads=threads)[0])
+    new, old = statistics.median(runs["auto"]), statistics.median(runs["fixed"])
+    detail = {"model": "qwen2 hidden128 x4 layers", "max_len": MAX_LEN, "micro_batch": 2, "steps": steps, "rounds": rounds,
+              "old": f"cpu_threads={THREADS}", "new": "cpu_threads=auto", "old_tokens_per_s": [round(x) for x in runs["fixed"]],
+              "new_tokens_per_s": [round(x) for x in runs["auto"]], "load_1min_before_each_run": loads,
+              "cpus": os.cpu_count()}
+    emit("thread_choice_speedup_new_over_old_steps_per_s", new / old, 1.25, "ratio", detail)
 
 
 def learnability(work: Path, sweep: bool) -> None:
@@ -189,6 +218,7 @@ def main() -> None:
     parser.add_argument("--learnability", action="store_true", help="also run the size sweep and the learning run")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the model-size tokens/s sweep")
     parser.add_argument("--skip-throughput", action="store_true", help="skip the packed-vs-HF-Trainer comparison")
+    parser.add_argument("--threads-only", action="store_true", help="only the cpu_threads=auto vs fixed-threads line")
     parser.add_argument("--data", type=Path, default=None, help="distilled train.jsonl for the throughput runs "
                                                                 "(default: distill a small dataset here)")
     args = parser.parse_args()
@@ -196,6 +226,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
         os.environ["AFM_HOME"] = str(Path(tmp) / "afm_home")
         os.environ.pop("MLFLOW_TRACKING_URI", None)
+        if args.threads_only:
+            _, data, _, policy, _ = prepare(Path(tmp), args.data)
+            thread_choice(Path(tmp), data, policy)
+            return
         if not args.skip_throughput:
             throughput(Path(tmp), args.data)
         if args.learnability:

@@ -13,7 +13,9 @@ at every op and two threads ran 5-10x SLOWER than one (measured side by side, do
 OMP_WAIT_POLICY=PASSIVE would cure the spinning, but libgomp reads it once when torch loads, before any of
 this code runs. So the worker keeps its thread count (Ray sets it to the worker's CPU reservation) and every
 `every` steps times one step on each other candidate; a candidate that trains more tokens per second than
-the current count's recent median takes over. The thread count does not change the arithmetic here (losses
+the current count's recent median takes over. Load that arrives between two probes shows as steps suddenly
+>2x slower than that median: three in a row start a probe at once, measured against the slow steps (the
+probe run of #26 went from 0.19 to 1.1 s a step within a minute when other jobs started). The thread count does not change the arithmetic here (losses
 bit-identical on 1 and 2 threads, tests/sft/test_cpu_threads.py), so the choice changes speed only.
 """
 from __future__ import annotations
@@ -27,17 +29,23 @@ import torch
 class ThreadChooser:
     """Which torch thread count trains fastest now; re-checked every `every` steps as the machine's load changes."""
 
+    SLOWER, RUN = 2.0, 3  # a step this many times the recent median, this many in a row, means the load changed
+
     def __init__(self, candidates: list[int], every: int = 200, first: int = 3, window: int = 10):
         self.candidates = sorted(set(candidates))
         self.current = max(self.candidates)  # the worker's own count: the old behaviour until a probe beats it
         self.every, self.first = every, first
         self.recent: deque[float] = deque(maxlen=window)  # seconds per token of the current count's last steps
+        self.slow: list[float] = []  # the current run of steps > SLOWER x the recent median
         self.pending: list[int] = []
+        self.probe_now = False
 
     def threads_for(self, step: int) -> int:
         """The thread count for `step` (set in torch): a probe of another candidate, or the current choice."""
-        if step >= self.first and (step - self.first) % self.every == 0 and self.recent:
+        periodic = step >= self.first and (step - self.first) % self.every == 0 and self.recent
+        if (periodic or self.probe_now) and not self.pending:
             self.pending = [c for c in self.candidates if c != self.current]
+            self.probe_now = False
         threads = self.pending[0] if self.pending else self.current
         torch.set_num_threads(threads)
         return threads
@@ -46,7 +54,13 @@ class ThreadChooser:
         """One step's time; a probe that beats the current count's recent median switches to its count."""
         per_token = seconds / max(1, tokens)
         if threads == self.current:
-            self.recent.append(per_token)
+            slow = len(self.recent) == self.recent.maxlen and per_token > self.SLOWER * statistics.median(self.recent)
+            self.slow = self.slow + [per_token] if slow else []
+            if len(self.slow) < self.RUN:
+                self.recent.append(per_token)
+                return
+            self.recent = deque(self.slow, maxlen=self.recent.maxlen)  # the new regime is what a probe must beat
+            self.slow, self.probe_now = [], True
             return
         self.pending.remove(threads)
         if per_token < statistics.median(self.recent):

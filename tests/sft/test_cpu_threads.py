@@ -8,12 +8,13 @@ from training.cpu_threads import ThreadChooser
 from training.sft_trainer import MetricsHistory, run_sft_worker
 
 
-def drive(chooser: ThreadChooser, seconds_per_token: dict[int, float], steps: int) -> list[int]:
-    """Run `steps` simulated steps of 1,000 tokens whose time depends only on the thread count."""
+def drive(chooser: ThreadChooser, seconds_per_token, steps: int) -> list[int]:
+    """Run `steps` simulated steps of 1,000 tokens; `seconds_per_token`: {threads: s} or (step, threads) -> s."""
+    rate = seconds_per_token if callable(seconds_per_token) else lambda step, threads: seconds_per_token[threads]
     used = []
     for step in range(steps):
         threads = chooser.threads_for(step)
-        chooser.record(threads, seconds_per_token[threads] * 1000, 1000)
+        chooser.record(threads, rate(step, threads) * 1000, 1000)
         used.append(threads)
     return used
 
@@ -26,6 +27,18 @@ def test_chooser_switches_to_the_faster_count_and_keeps_a_faster_own_count():
         assert loaded == [2, 2, 2, 1, 1, 1, 1, 1, 2, 1, 1, 1]
         idle = drive(ThreadChooser([1, 2], every=5, first=3), {1: 3e-4, 2: 2e-4}, 12)
         assert idle == [2, 2, 2, 1, 2, 2, 2, 2, 1, 2, 2, 2]  # one probe step per 5 on the slower count
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_load_arriving_between_probes_starts_a_probe_after_three_slow_steps():
+    before = torch.get_num_threads()
+    try:
+        # idle until step 30, then other processes take the cores: 2 spinning threads 10x slower, 1 thread 1.5x
+        rate = lambda step, threads: {1: 3e-4, 2: 2e-4}[threads] * (1 if step < 30 else {1: 1.5, 2: 10}[threads])
+        used = drive(ThreadChooser([1, 2], every=200, first=3), rate, 40)
+        assert used[4:30] == [2] * 26  # the periodic probe at step 3 lost to the idle 2 threads
+        assert used[30:33] == [2, 2, 2] and used[33:] == [1] * 7  # three slow steps, a probe, and 1 thread from then on
     finally:
         torch.set_num_threads(before)
 
