@@ -8,7 +8,8 @@ MLflow registry URI (`models:/name@alias`, `models:/name/3`, shorthand `name@ali
 Where the work runs: model episodes run on the RL rollout pool (`training.rl_pool.RolloutPool`, `pool`):
 `pool.rollout_workers` engine replicas (HF on CPU, vLLM on GPU), each generating its share of a chunk of
 problems in one batched `engine.generate` call per turn, tools on CPU tool actors; the 2-core default is one
-actor. Sampling seeds are per episode (seed, problem index in its set, sample, turn), so the records do not
+actor. One pool serves every model of an evaluation that has the same architecture and tokenizer as the one
+before it (`ModelPool`: the actors swap weights instead of starting again). Sampling seeds are per episode (seed, problem index in its set, sample, turn), so the records do not
 depend on the number of replicas. The teacher runs in process or on the distillation stage's Ray actor pool
 (`teacher_ray_actors`), see evaluation.teacher_eval.
 
@@ -52,7 +53,7 @@ from problems.loaders import load_problems
 from problems.records import Problem
 from training.rewards import Judge
 from training.rewards import build_judge as rewards_build_judge
-from training.rl_pool import PoolConfig, RolloutPool
+from training.rl_pool import PoolConfig, RolloutPool, same_architecture
 from training.rl_rollout import RolloutConfig
 
 CHAMPION_LABEL = "champion"  # label of the current champion's records when the gate re-evaluates it
@@ -148,9 +149,32 @@ def rollout_config(cfg: EvalConfig) -> RolloutConfig:
                          system_prompt=cfg.system_prompt)
 
 
+class ModelPool:
+    """The rollout pool of one evaluation, kept from model to model: the next model of the same architecture and
+    tokenizer is swapped in (`RolloutPool.switch_policy`), any other gets a new pool."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg, self.pool, self.model_dir = cfg, None, None
+
+    def serving(self, model_dir: Path) -> RolloutPool:
+        if self.pool is not None and same_architecture(self.model_dir, model_dir):
+            self.pool.switch_policy(model_dir)
+        else:
+            self.close()
+            self.pool = RolloutPool(self.cfg.pool, model_dir, self.cfg.toolbox)
+        self.model_dir = model_dir
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+
 def evaluate_model(label: str, uri: str, problem_sets: dict[str, list[Problem]], cfg: EvalConfig,
-                   judge: Judge, limits: SandboxLimits, work_dir: Path) -> list[EvalRecord]:
-    """All episodes of one model on every set (n_samples per problem), batched `problems_per_batch` at a time."""
+                   judge: Judge, limits: SandboxLimits, work_dir: Path, pools: ModelPool) -> list[EvalRecord]:
+    """All episodes of one model on every set (n_samples per problem), batched `problems_per_batch` at a time,
+    on the evaluation's pool (`pools`)."""
     import ray
 
     from afm.ray_local import init_local_ray
@@ -162,24 +186,21 @@ def evaluate_model(label: str, uri: str, problem_sets: dict[str, list[Problem]],
     records: list[EvalRecord] = []
     total = sum(len(ps) for ps in problem_sets.values())
     chunk_size = cfg.problems_per_batch * cfg.pool.rollout_workers
-    pool = RolloutPool(cfg.pool, model_dir, cfg.toolbox)
-    try:
-        with tqdm(total=total, desc=f"eval {label}", unit="problem") as bar:
-            for set_label, problems in problem_sets.items():
-                for start in range(0, len(problems), chunk_size):
-                    chunk = problems[start:start + chunk_size]
-                    episodes = pool.rollout(chunk, list(range(start, start + len(chunk))), rollout, seed=cfg.seed * 7919)
-                    with ThreadPoolExecutor(cfg.judge_concurrency, thread_name_prefix="eval-judge") as graders:
-                        records += graders.map(lambda ep: episode_to_record(ep, label, set_label, judge, limits),
-                                               episodes)
-                    bar.update(len(chunk))
-    finally:
-        pool.shutdown()
+    pool = pools.serving(model_dir)
+    with tqdm(total=total, desc=f"eval {label}", unit="problem") as bar:
+        for set_label, problems in problem_sets.items():
+            for start in range(0, len(problems), chunk_size):
+                chunk = problems[start:start + chunk_size]
+                episodes = pool.rollout(chunk, list(range(start, start + len(chunk))), rollout, seed=cfg.seed * 7919)
+                with ThreadPoolExecutor(cfg.judge_concurrency, thread_name_prefix="eval-judge") as graders:
+                    records += graders.map(lambda ep: episode_to_record(ep, label, set_label, judge, limits),
+                                           episodes)
+                bar.update(len(chunk))
     return records
 
 
 def run_gate(cfg: EvalConfig, records: list[EvalRecord], problem_sets: dict[str, list[Problem]],
-             judge: Judge, limits: SandboxLimits, work_dir: Path) -> tuple[PromotionDecision, list[EvalRecord]]:
+             judge: Judge, limits: SandboxLimits, work_dir: Path, pools: ModelPool) -> tuple[PromotionDecision, list[EvalRecord]]:
     """Evaluate the current champion on the gate set next to the candidate (same problems and sampling),
     decide, and apply the alias. Returns the decision and the champion's records (added to the report)."""
     gate = cfg.gate
@@ -202,7 +223,7 @@ def run_gate(cfg: EvalConfig, records: list[EvalRecord], problem_sets: dict[str,
     if champion_version is not None:
         champion_records = evaluate_model(CHAMPION_LABEL, f"models:/{name}/{champion_version}",
                                           {gate.problem_set: problem_sets[gate.problem_set]}, cfg, judge,
-                                          limits, work_dir)
+                                          limits, work_dir, pools)
         champion_score = accuracy(champion_records)
     decision = decide_promotion(candidate_score, champion_score, gate.margin)
     apply_promotion(name, version, decision, gate.problem_set, champion_version)
@@ -259,18 +280,22 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     decision = None
     with tracking.start_run(cfg.mlflow_experiment, cfg.run_name, params=cfg.model_dump(mode="json")), \
             tempfile.TemporaryDirectory(prefix="afm-eval-") as tmp:
+        pools = ModelPool(cfg)
         if cfg.include_teacher:
             teacher = resolve_teacher(cfg.teacher, [ps.source for ps in cfg.problem_sets.values()])
             records += evaluate_teacher(problem_sets, teacher, cfg.toolbox, cfg.n_samples, cfg.teacher_ray_actors,
                                         judge, limits, Path(tmp))
             write_records(per_problem_path, records)  # after each model: a crash keeps what is done
-        for label, uri in cfg.models.items():
-            records += evaluate_model(label, uri, problem_sets, cfg, judge, limits, Path(tmp))
-            write_records(per_problem_path, records)
-        if cfg.gate is not None:
-            decision, champion_records = run_gate(cfg, records, problem_sets, judge, limits, Path(tmp))
-            records += champion_records
-            write_records(per_problem_path, records)
+        try:
+            for label, uri in cfg.models.items():
+                records += evaluate_model(label, uri, problem_sets, cfg, judge, limits, Path(tmp), pools)
+                write_records(per_problem_path, records)
+            if cfg.gate is not None:
+                decision, champion_records = run_gate(cfg, records, problem_sets, judge, limits, Path(tmp), pools)
+                records += champion_records
+                write_records(per_problem_path, records)
+        finally:
+            pools.close()
         rows = summary_rows(records, cfg.ks)
         eff_rows = efficiency_rows(records, TEACHER_LABEL)
         markdown = summary_markdown(rows, eff_rows)

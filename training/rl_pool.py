@@ -2,6 +2,7 @@
 
     pool = RolloutPool(PoolConfig(rollout_workers=2, tool_actors=1), policy_dir, toolbox_cfg)
     seconds = pool.sync(full_state_dict)                  # after every learner update: every replica gets it
+    pool.switch_policy(other_dir)                         # evaluation: the next model, same architecture
     episodes = pool.rollout(problems, indices, rollout_cfg, seed)
     pool.checksums()                                      # weights_checksum of every replica
     pool.shutdown()
@@ -17,6 +18,10 @@
   loads them from there (zero-copy reads on the same node). A version number travels with every rollout call:
   an actor that Ray restarted after a crash comes back with the start policy and version 0, refuses the work
   (`StaleWeights`), is re-synced and gets the unit again.
+- Model switch (evaluation runs several models): `switch_policy` has every actor read another checkpoint's
+  weights from its directory into the engine it already has, instead of a new pool per model (a rollout
+  actor's start, a new process importing torch and loading the policy, was ~6-8 s of every model's
+  evaluation on 2 cores). Only for the same architecture and tokenizer (`same_architecture`).
 - Faults: a unit whose actor died (`RayActorError`) or was stale is resubmitted (same seed, same episodes) up to
   `max_unit_attempts` times; results are keyed by unit, so every episode appears exactly once.
 
@@ -27,6 +32,7 @@ a host round trip of the bf16 weights per step, measured as `sync_s`).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
@@ -131,6 +137,11 @@ class RolloutWorker:
             self.engine.wake_up()  # the rest (KV cache) back for the next rollouts
         self.version = version
 
+    def load_policy_weights(self, policy_dir: str, version: int) -> None:
+        """Take the weights of the checkpoint in `policy_dir` (same architecture: `same_architecture`)."""
+        model, _ = load_policy(policy_dir)
+        self.load_weights(model.state_dict(), version)
+
     def checksum(self) -> str:
         """weights_checksum of the weights the engine generates with (HF engines; vLLM's live in its workers)."""
         if self.model is None:
@@ -152,6 +163,25 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+# Fields a save records about how the files were loaded or written, not about the model or the tokenizer.
+_BOOKKEEPING = {"_name_or_path", "name_or_path", "transformers_version", "is_local", "local_files_only"}
+
+
+def same_architecture(a: str | Path, b: str | Path) -> bool:
+    """Whether the checkpoints in directories `a` and `b` differ only in their weights: the same model config and
+    the same tokenizer (its files, JSON compared without bookkeeping fields), so one engine serves both."""
+    def files(d: Path) -> dict:
+        found = {}
+        for p in sorted(d.glob("*")):
+            if p.name == "config.json" or p.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab",
+                                                              "merges", "added_tokens")):
+                found[p.name] = p.read_bytes()
+                if p.suffix == ".json":
+                    found[p.name] = {k: v for k, v in json.loads(found[p.name]).items() if k not in _BOOKKEEPING}
+        return found
+    return files(Path(a)) == files(Path(b))
 
 
 def _units(count: int, parts: int) -> list[range]:
@@ -179,7 +209,8 @@ class RolloutPool:
         rollout_actor = ray.remote(RolloutWorker).options(max_restarts=-1, max_task_retries=0, **resources)
         self.actors = [rollout_actor.remote(str(policy_dir), cfg, self.tool_actors) for _ in range(cfg.rollout_workers)]
         self.version = 0
-        self.weights_ref = None
+        self.policy_dir = str(policy_dir)
+        self.weights_ref = None  # the last sync's weights, or None: the actors hold policy_dir's
         self.resubmitted = 0  # units run again after an actor died or was stale (for logs and tests)
 
     def sync(self, state_dict: Mapping[str, torch.Tensor]) -> float:
@@ -189,6 +220,13 @@ class RolloutPool:
         self.weights_ref = ray.put(dict(state_dict))
         ray.get([actor.load_weights.remote(self.weights_ref, self.version) for actor in self.actors])
         return time.perf_counter() - started
+
+    def switch_policy(self, policy_dir: str | Path) -> None:
+        """Every actor takes the weights of another checkpoint of the same architecture (`same_architecture`),
+        read from `policy_dir` by the actor itself (no copy through the driver)."""
+        self.version += 1
+        self.policy_dir, self.weights_ref = str(policy_dir), None
+        ray.get([actor.load_policy_weights.remote(self.policy_dir, self.version) for actor in self.actors])
 
     def sleep(self) -> None:
         """Colocated vLLM engines free their GPU memory for the update (no-op unless `sleep_between_steps`)."""
@@ -233,12 +271,14 @@ class RolloutPool:
 
     def _resync(self, actor_index: int, wait_s: float = 300.0) -> None:
         """Give a restarted actor the current weights, waiting up to `wait_s` for Ray to bring it back."""
-        if self.weights_ref is None:
-            return
+        if self.version == 0:
+            return  # it restarts with the start policy
+        actor = self.actors[actor_index]
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                ray.get(self.actors[actor_index].load_weights.remote(self.weights_ref, self.version))
+                ray.get(actor.load_weights.remote(self.weights_ref, self.version) if self.weights_ref is not None
+                        else actor.load_policy_weights.remote(self.policy_dir, self.version))
                 return
             except ActorUnavailableError:  # still restarting (loading the policy)
                 if time.monotonic() > deadline:

@@ -101,3 +101,41 @@ def test_unseen_tool_evaluation_end_to_end(tmp_path, tiny_policy, local_registry
     (run,) = mlflow.search_runs(experiment_names=["eval-unseen"], output_format="list")
     assert run.data.params["tool"] == "calculator"
     assert "untrained.computation.unseen_tool.first_try_format_ok" in run.data.metrics
+
+
+def test_models_of_one_architecture_share_one_pool_and_give_the_records_of_their_own(tmp_path, tiny_policy,
+                                                                                     local_registry, monkeypatch):
+    """The second model of the same architecture is swapped into the first one's pool (no new rollout actors)
+    and its records are exactly what a fresh pool gives it; another architecture gets a new pool."""
+    import evaluation.runner as runner
+    from models.policy import load_policy, save_policy
+    from training.rl_pool import same_architecture
+
+    model, tokenizer = load_policy(tiny_policy)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    other = save_policy(model, tokenizer, tmp_path / "other")
+    wider_cfg = TinyModelConfig(hidden_size=48, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    texts = [p.question for p in computation_problems(20)] + ["<code>```python\nprint(1)\n```</code><answer>3</answer>"]
+    wider = create_default_policy(tmp_path / "wider", texts, wider_cfg, vocab_size=400)
+    assert same_architecture(tiny_policy, other) and not same_architecture(tiny_policy, wider)
+
+    created = []
+
+    class CountingPool(runner.RolloutPool):
+        def __init__(self, *args, **kwargs):
+            created.append(args[1])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "RolloutPool", CountingPool)
+    together = evaluate(eval_config(tmp_path / "together", {"a": str(tiny_policy), "b": str(other), "w": str(wider)},
+                                    include_teacher=False))
+    assert len(created) == 2, created  # one pool for a and b, a new one for the wider model
+    alone = evaluate(eval_config(tmp_path / "alone", {"b": str(other)}, include_teacher=False))
+
+    def episodes(result, label):
+        return [(r.problem_id, r.sample, r.transcript, r.tokens) for r in result.records if r.model == label]
+    assert episodes(together, "b") == episodes(alone, "b")
+    assert episodes(together, "a") != episodes(together, "b")  # the swap changed what the engine generates

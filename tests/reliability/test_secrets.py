@@ -1,7 +1,7 @@
 """Secrets and network exposure: canary credentials in the environment of a real pipeline run never reach any
 file the run writes, and every server the platform starts binds 127.0.0.1.
 
-The slow test runs the smoke pipeline ONCE (distill -> sft -> rl -> eval, ~2.5 min) with canary values in
+The slow test runs the smoke pipeline ONCE (distill -> pretrain -> sft -> rl -> eval, ~1.5 min) with canary values in
 OPENAI_API_KEY, AFM_LLM_API_KEY, SERPER_API_KEY and AWS_SECRET_ACCESS_KEY, PREFECT_HOME and RAY_TMPDIR pointed
 into the run's own directories, stdout/stderr captured to files; then greps every file (MLflow's db and
 artifacts, the artifact store, work dirs, Prefect's db, Ray's session logs, the captured output) for the
@@ -24,16 +24,12 @@ import pytest
 from afm.stack import StackConfig, _commands
 from problems.miniweb import MiniWeb
 from serving.app import ServeConfig
+from tests.flows.conftest import SMOKE_OVERRIDES
 from tests.reliability.conftest import AFM_BIN, REPO, base_env
 
-SMOKE_ARGS = [
-    "pipeline", "--config", "configs/default.yaml",
-    "--set", "distill.n_worlds=3", "--set", "distill.multihop_per_world=20", "--set", "distill.n_computation=20",
-    "--set", "distill.rl_multihop_per_world=5", "--set", "distill.rl_computation=5",
-    "--set", "distill.n_heldout_worlds=1", "--set", "sft.time_budget_s=30", "--set", "rl.steps=2",
-    "--set", "rl.prompts_per_step=2", "--set", "eval.problem_sets.heldout.size=5",
-    "--set", "eval.problem_sets.train_entities.size=5", "--set", "eval.problem_sets.computation.size=3",
-]
+# The flow tests' smallest recipe: every stage runs for real, in the least time (the canaries and the sockets
+# do not depend on how long each stage trains).
+SMOKE_ARGS = ["pipeline", "--config", "configs/default.yaml", *(arg for o in SMOKE_OVERRIDES for arg in ("--set", o))]
 LOOPBACK = ("127.0.0.1", "[::1]", "::1")
 # Ray's GCS/raylet/object manager listen on the node IP whatever ray.init is told (see docs/reliability.md).
 RAY_PROCESSES = ("gcs_server", "raylet", "ray::", "default_worker", "dashboard", "runtime_env", "log_monitor",
