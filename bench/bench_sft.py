@@ -4,7 +4,7 @@ achieved FLOP/s against a measured fp32 matmul peak; optionally a model-size swe
     .venv/bin/python bench/bench_sft.py                  # throughput lines (~5 min on 2 cores)
     .venv/bin/python bench/bench_sft.py --data .afm/artifacts/stages/distill-<key>/train.jsonl
     .venv/bin/python bench/bench_sft.py --learnability   # + size sweep and a 4-minute learning run
-    .venv/bin/python bench/bench_sft.py --threads-only   # only the thread-choice line (#26, ~5 min)
+    .venv/bin/python bench/bench_sft.py --threads-only   # only the thread-choice line (#26, ~2 min on quiet cores, ~8 under load)
 
 Throughput data: distilled CoA trajectories (their real length spread, ~100-1000 tokens, is what packing
 saves padding on): `--data`, or a small distillation run made here (8 worlds, oracle teacher, ~1 min).
@@ -173,7 +173,7 @@ def throughput(work: Path, source: Path | None) -> None:
     thread_choice(work, data, policy)
 
 
-def thread_choice(work: Path, data: Path, policy: Path, steps: int = 80, rounds: int = 3) -> None:
+def thread_choice(work: Path, data: Path, policy: Path, steps: int = 40, rounds: int = 2) -> None:
     """`cpu_threads=auto` vs a fixed THREADS threads on the default recipe's step shape, interleaved rounds."""
     runs: dict[str, list[float]] = {"auto": [], "fixed": []}
     loads = []

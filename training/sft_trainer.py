@@ -100,7 +100,8 @@ class SFTConfig(Config):
                                                                 "Ray cluster's CPUs / num_workers.")
     cpu_threads: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto", description="torch threads of a CPU worker. auto: the worker's own count (Ray's CPU reservation), "
-                            "re-timed against 1 thread every 200 steps and the faster kept (training/cpu_threads.py: on "
+                            "re-timed against 1 thread every 200 steps and when steps suddenly slow down, the faster "
+                            "kept (training/cpu_threads.py: on "
                             "2 cores shared with other processes two spinning OpenMP threads ran 5-10x slower than one, "
                             "idle 1.7x faster); an int fixes the count.")
     use_gpu: bool = Field(False, description="One GPU per worker (NCCL); False trains on CPU (gloo).")
