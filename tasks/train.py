@@ -120,7 +120,9 @@ def _model_artifact(stage: str, key: str, store_uri: str, train, parent_run_id: 
 
 def run_sft(cfg: SFTConfig) -> dict:
     """The SFT job of a stage (SFT or pretraining) on Ray Train; what the stage records of it. Its checkpoints go
-    once the policy is registered: nothing resumes from them, and the stage's artifact is the policy's one copy."""
+    once the policy is registered: nothing resumes from them, and the stage's artifact is the policy's one copy.
+    The tokenized rows stay: the stages pass their store as `rows_store`, where the job's tokenize step keeps them
+    as `stages/rows-<key>` for the next job on the same data and tokenizer (training/sft_rows.py)."""
     result = train_sft(cfg)
     discard_run_state(cfg, result.run_id)
     return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,
@@ -140,11 +142,12 @@ def pretrain_task(cfg: PretrainConfig, dataset: dict, base_uri: str, store_uri: 
         n_docs = write_text_jsonl(pages, pretraining_documents(read_corpus(data / "corpus.jsonl"), cfg.world,
                                                                cfg.extra_worlds))
         return {**run_sft(cfg.train.model_copy(update={
-            "model_path": base_uri, "dataset": str(pages), "data_format": "text", "output_dir": str(work_dir / "run")})),
-            "documents": n_docs}
+            "model_path": base_uri, "dataset": str(pages), "data_format": "text", "output_dir": str(work_dir / "run"),
+            "rows_store": cfg.train.rows_store or store})), "documents": n_docs}
 
+    store = store_uri or default_store_uri()
     inputs = [store_dataset(dataset, "corpus.jsonl", "training")]
-    return _model_artifact("pretrain", key, store_uri or default_store_uri(), train, parent_run_id, inputs)
+    return _model_artifact("pretrain", key, store, train, parent_run_id, inputs)
 
 
 @task(name="sft", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)
@@ -152,11 +155,13 @@ def sft_task(cfg: SFTConfig, store_uri: str = "", parent_run_id: str = "") -> di
     """SFT `cfg.model_path` on `cfg.dataset`; returns the trained policy's artifact manifest. `parent_run_id`:
     the pipeline run the SFT run is nested under."""
     key = stage_key("sft", cfg)
+    store = store_uri or default_store_uri()
 
     def train(work_dir: Path) -> dict:
-        return run_sft(cfg.model_copy(update={"output_dir": str(work_dir / "run")}))
+        return run_sft(cfg.model_copy(update={"output_dir": str(work_dir / "run"),
+                                      "rows_store": cfg.rows_store or store}))
 
-    return _model_artifact("sft", key, store_uri or default_store_uri(), train, parent_run_id)
+    return _model_artifact("sft", key, store, train, parent_run_id)
 
 
 @task(name="rl", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_on_transient)

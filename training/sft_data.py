@@ -1,7 +1,7 @@
 """SFT data: CoA trajectories -> (input_ids, labels) examples -> packed rows -> model-ready batches.
 
-Pipeline (plain functions, no Ray/Prefect; training/sft_rows.py runs the first two once per machine and
-stores the rows in a memory-mapped Arrow file):
+Pipeline (plain functions, no Ray/Prefect; training/sft_rows.py runs the first two once per data set and
+tokenizer, a chunk of records at a time, and stores the rows as a memory-mapped Arrow file in the artifact store):
     examples, report = build_examples(trajectories, tokenizer, system_prompt, max_len)
     rows = pack_examples(examples, max_len) if pack else [[e] for e in examples]
     order = epoch_row_order(len(rows), seed, epoch)
@@ -76,6 +76,12 @@ class DataReport:
     dropped_ids: list[str] = field(default_factory=list)
     tokens: int = 0  # tokens in kept examples
     target_tokens: int = 0  # tokens that carry a label
+
+    def add(self, other: "DataReport") -> None:
+        """Fold in the report of another chunk of the same data (counts add up, dropped ids append)."""
+        for name in ("trajectories", "examples", "truncated", "dropped_too_long", "tokens", "target_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.dropped_ids.extend(other.dropped_ids)
 
     def as_metrics(self) -> dict[str, int]:
         return {

@@ -71,6 +71,10 @@ class SFTConfig(Config):
     dataset: str = Field("", description="Trajectories: an artifact (dir or s3:// URI with manifest.json) or a .jsonl "
                                          "file ('' only where the pipeline fills it in).")
     dataset_file: str = Field("train.jsonl", description="File inside the dataset artifact that holds the trajectories.")
+    rows_store: str = Field("", description="Artifact store (dir or s3://) for the tokenized rows, keyed by data, "
+                                            "tokenizer and settings, so later jobs on the same data reuse them "
+                                            "(training/sft_rows.py); '' keeps them under <output_dir>/rows for this "
+                                            "job only. Several machines need a store they all reach (s3://).")
     data_format: Literal["trajectories", "text", "pairs"] = Field(
         "trajectories", description="trajectories: CoA trajectories, observations masked; text: {\"text\": ...} "
                                     "documents with every token a target (the pretraining stage, training/text_data.py); "
@@ -192,7 +196,7 @@ class WorkerContext:
     world_size: int
     device: torch.device
     sink: CheckpointSink
-    local_rank: int = 0  # rank on this machine: local rank 0 tokenizes the data for the machine's workers
+    local_rank: int = 0  # rank on this machine: local rank 0 fetches a remote rows file for the machine's workers
 
 
 @dataclass
@@ -267,7 +271,7 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     if from_rank0:
         fill_from_rank0(model, full_state, ctx.rank, ctx.device)
         del full_state
-    rows = tokenized_rows(cfg, tokenizer, builder=ctx.local_rank == 0, work_dir=work_dir)
+    rows = tokenized_rows(cfg, tokenizer, ctx.rank, ctx.local_rank, work_dir)
     report = rows.report
     rows_per_step = cfg.micro_batch * cfg.grad_accum * ctx.world_size
     steps_per_epoch = len(rows) // rows_per_step
@@ -301,18 +305,25 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
     )
 
 
+def shard_rows(cfg: SFTConfig, rank: int, world_size: int, steps_per_epoch: int, step: int,
+               order: list[int]) -> list[list[int]]:
+    """The row indices of worker `rank`'s micro-batches at global step `step`: the step's slice of the epoch's
+    row order, micro-batch by micro-batch interleaved over the workers (disjoint, together the whole slice)."""
+    rows_per_step = cfg.micro_batch * cfg.grad_accum * world_size
+    start = (step % steps_per_epoch) * rows_per_step
+    step_rows = order[start:start + rows_per_step]
+    offsets = ((accum * world_size + rank) * cfg.micro_batch for accum in range(cfg.grad_accum))
+    return [step_rows[offset:offset + cfg.micro_batch] for offset in offsets]
+
+
 def step_micro_batches(
     parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, step: int, order: list[int]
 ) -> tuple[list[dict], int]:
-    """This worker's micro-batches for global step `step` (a fixed slice of the epoch's row order) and
+    """This worker's micro-batches for global step `step` (`shard_rows`, read from the mapped rows file) and
     their real (non-pad) token count."""
-    rows_per_step = cfg.micro_batch * cfg.grad_accum * ctx.world_size
-    start = (step % parts.steps_per_epoch) * rows_per_step
-    step_rows = order[start:start + rows_per_step]
     batches, tokens = [], 0
-    for accum in range(cfg.grad_accum):
-        offset = (accum * ctx.world_size + ctx.rank) * cfg.micro_batch
-        rows = [parts.rows[i] for i in step_rows[offset:offset + cfg.micro_batch]]
+    for indices in shard_rows(cfg, ctx.rank, ctx.world_size, parts.steps_per_epoch, step, order):
+        rows = [parts.rows[i] for i in indices]
         batches.append(collate_rows(rows))
         tokens += sum(len(example) for row in rows for example in row)
     return batches, tokens
