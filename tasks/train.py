@@ -122,7 +122,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     """The SFT job of a stage (SFT or pretraining) on Ray Train; what the stage records of it. Its checkpoints go
     once the policy is registered: nothing resumes from them, and the stage's artifact is the policy's one copy.
     The tokenized rows stay: the stages pass their store as `rows_store`, where the job's tokenize step keeps them
-    as `stages/rows-<key>` for the next job on the same data and tokenizer (training/sft_rows.py)."""
+    as `rows/<key>` for the next job on the same data and tokenizer (training/sft_rows.py)."""
     result = train_sft(cfg)
     discard_run_state(cfg, result.run_id)
     return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,

@@ -1,16 +1,16 @@
 """Tokenize and pack the SFT data once, as its own step, into an Arrow file in the artifact store; workers
 memory-map it and read only the rows of their own micro-batches.
 
-    uri = build_rows(cfg, tokenizer, store, work_dir)   # the step: <store>/stages/rows-<key>, reused when there
+    uri = build_rows(cfg, tokenizer, store, work_dir)   # the step: <store>/rows/<key>, reused when there
     rows = RowTable(rows_file(uri, cache_dir, fetch=True))  # local store: in place; s3: fetched once per machine
     rows = tokenized_rows(cfg, tokenizer, rank, local_rank, work_dir)   # the trainer's collective: both, once
     len(rows); rows[i]; rows.report                     # rows[i] -> list[SFTExample], read from the mapped file
 
 The step. Global rank 0 of a job computes the key (dataset digest, tokenizer: vocabulary, merges, added
 tokens, chat template; system prompt, max_len, packing, data format, dataset file, observation labels, and
-the source of the modules that turn records into rows) and looks for the artifact `stages/rows-<key>` in
-`sft.rows_store` (the SFT stage passes the pipeline's store, so a rerun or a second SFT on the same data
-and tokenizer reuses the rows; '' keeps them under `<output_dir>/rows`, for this job only). Only when it
+the source of the modules that turn records into rows) and looks for the artifact `rows/<key>` in
+`sft.rows_store` (the SFT and pretraining stages pass the pipeline's store, so a rerun or a second SFT on the
+same data and tokenizer reuses the rows; '' keeps them under `<output_dir>/rows`, for this job only). Only when it
 is absent does it tokenize, and it streams: the builders of training/sft_data.py, text_data.py and
 pairwise_loss.py run on CHUNK records at a time and each chunk goes straight into an Arrow record batch of
 "items" (an example, or a pair's two branches, which share a row); packing then needs only the items'
@@ -207,13 +207,14 @@ def rows_key(cfg: "SFTConfig", tokenizer: Any) -> str:
 
 
 def rows_store(cfg: "SFTConfig") -> ArtifactStore:
-    """Where the job's rows artifact lives: `cfg.rows_store`, or `<output_dir>/rows` (this job only)."""
-    return open_store(cfg.rows_store or Path(cfg.output_dir) / "rows")
+    """Where the job's rows artifact lives: `cfg.rows_store`, or the job's `output_dir` (`<output_dir>/rows/<key>`,
+    this job only)."""
+    return open_store(cfg.rows_store or cfg.output_dir)
 
 
 def build_rows(cfg: "SFTConfig", tokenizer: Any, store: ArtifactStore, work_dir: Path) -> str:
     """The tokenize step: the URI of the rows artifact for these inputs, tokenized and stored unless it exists."""
-    name = f"stages/rows-{rows_key(cfg, tokenizer)}"
+    name = f"rows/{rows_key(cfg, tokenizer)}"
     if store.read_manifest(name) is None:
         data_path, _ = resolve_dataset(cfg.dataset, cfg.dataset_file, work_dir)
         Path(work_dir).mkdir(parents=True, exist_ok=True)

@@ -128,7 +128,7 @@ def test_rows_artifact_is_built_once_and_reused_by_the_next_sft(sft_cfg, tokeniz
     first = run_sft_local(cfg.model_copy(update={"output_dir": str(tmp_path / "one")}))
     second = run_sft_local(cfg.model_copy(update={"output_dir": str(tmp_path / "two"), "lr": 1e-3}))
     assert len(tokenize_calls) == 1 and first.data == second.data
-    artifacts = [k for k in LocalStore(store).list("stages/") if k.endswith(ROWS_FILE)]
+    artifacts = [k for k in LocalStore(store).list("rows/") if k.endswith(ROWS_FILE)]
     assert len(artifacts) == 1
     # Other settings are other rows, in an artifact of their own.
     unpacked = build_rows(sft_cfg.model_copy(update={"pack": False}), tokenizer, open_store(store), tmp_path / "data")
