@@ -25,6 +25,7 @@ from problems.world import WorldConfig
 from tasks.stages import default_store_uri, retry_on_transient, run_stage, stage_artifact, stage_key
 from training.rl_trainer import RLConfig, train_rl
 from training.sft_ray import discard_run_state, train_sft
+from training.sft_rows import prepare_rows
 from training.sft_trainer import SFTConfig
 
 
@@ -121,8 +122,13 @@ def _model_artifact(stage: str, key: str, store_uri: str, train, parent_run_id: 
 def run_sft(cfg: SFTConfig) -> dict:
     """The SFT job of a stage (SFT or pretraining) on Ray Train; what the stage records of it. Its checkpoints go
     once the policy is registered: nothing resumes from them, and the stage's artifact is the policy's one copy.
-    The tokenized rows stay: the stages pass their store as `rows_store`, where the job's tokenize step keeps them
-    as `rows/<key>` for the next job on the same data and tokenizer (training/sft_rows.py)."""
+    The tokenize step runs first, here, before any worker starts; its rows stay: the stages pass their store as
+    `rows_store`, where they are kept as `rows/<key>` for the next job on the same data and tokenizer
+    (training/sft_rows.py)."""
+    step_dir = Path(cfg.output_dir) / "tokenize"
+    start = tracking.loadable_model_uri(cfg.model_path, step_dir / "start-policy")
+    prepare_rows(cfg.model_copy(update={"model_path": start}), step_dir)
+    shutil.rmtree(step_dir, ignore_errors=True)
     result = train_sft(cfg)
     discard_run_state(cfg, result.run_id)
     return {"policy_dir": str(result.policy_dir), "run_id": result.run_id, "model_version": result.model_version,

@@ -1,22 +1,25 @@
 """Tokenize and pack the SFT data once, as its own step, into an Arrow file in the artifact store; workers
 memory-map it and read only the rows of their own micro-batches.
 
-    uri = build_rows(cfg, tokenizer, store, work_dir)   # the step: <store>/rows/<key>, reused when there
+    uri = prepare_rows(cfg, work_dir)                   # the step, before the job: <store>/rows/<key>, reused
+    uri = build_rows(cfg, tokenizer, store, work_dir)   # the same with the job's tokenizer (rank 0 in the job)
     rows = RowTable(rows_file(uri, cache_dir, fetch=True))  # local store: in place; s3: fetched once per machine
     rows = tokenized_rows(cfg, tokenizer, rank, local_rank, work_dir)   # the trainer's collective: both, once
     len(rows); rows[i]; rows.report                     # rows[i] -> list[SFTExample], read from the mapped file
 
-The step. Global rank 0 of a job computes the key (dataset digest, tokenizer: vocabulary, merges, added
-tokens, chat template; system prompt, max_len, packing, data format, dataset file, observation labels, and
-the source of the modules that turn records into rows) and looks for the artifact `rows/<key>` in
-`sft.rows_store` (the SFT and pretraining stages pass the pipeline's store, so a rerun or a second SFT on the
-same data and tokenizer reuses the rows; '' keeps them under `<output_dir>/rows`, for this job only). Only when it
-is absent does it tokenize, and it streams: the builders of training/sft_data.py, text_data.py and
-pairwise_loss.py run on CHUNK records at a time and each chunk goes straight into an Arrow record batch of
-"items" (an example, or a pair's two branches, which share a row); packing then needs only the items'
-lengths (one int each), best-fit-decreasing as before, and writes the rows batch by batch from the mapped
-item file. No Python list of the whole data set exists at any point. The rows file is uploaded with the
-artifact's manifest last (afm/storage.py), then rank 0 broadcasts the artifact URI.
+The step. The SFT and pretraining stages run it before the job starts (`prepare_rows`: the job's tokenizer
+read without its weights); inside the job global rank 0 runs it again, which then only reads the manifest
+(for a direct caller of the trainer it is where the rows are built). The key hashes the dataset digest, the
+tokenizer (vocabulary, merges, added tokens, chat template), the system prompt, max_len, packing, data
+format, dataset file, observation labels, and the source of the modules that turn records into rows; the
+artifact `rows/<key>` lives in `sft.rows_store` (the stages pass the pipeline's store, so a rerun or a
+second SFT on the same data and tokenizer reuses the rows; '' keeps them under `<output_dir>/rows`, for this
+job only). Only when it is absent is anything tokenized, and streamed: the builders of training/sft_data.py,
+text_data.py and pairwise_loss.py run on CHUNK records at a time and each chunk goes straight into Arrow
+record batches of "items" (an example, or a pair's two branches, which share a row); packing then needs only
+the items' lengths (one int each), best-fit-decreasing as before, and writes the rows batch by batch from
+the mapped item file. No Python list of the whole data set's tokens exists at any point. The rows file is
+uploaded with the artifact's manifest last (afm/storage.py); rank 0 broadcasts the artifact URI.
 
 Workers: on a local store every worker maps the file in place; on S3 local rank 0 of each machine fetches
 it (sha256-verified) into `<output_dir>/rows/fetched` and the machine's workers map that copy. Mapping is
@@ -48,6 +51,8 @@ import training.sft_data
 import training.text_data
 from afm.storage import MANIFEST_NAME, ArtifactStore, local_path, open_store
 from models.format import read_jsonl
+from models.policy import load_policy
+from models.policy_tokens import add_coa_special_tokens
 from training.pairwise_loss import build_pair_examples, read_pair_dicts
 from training.sft_data import DataReport, SFTExample, best_fit_rows, build_examples, dataset_identity, resolve_dataset
 from training.text_data import build_text_examples, read_text_records
@@ -67,6 +72,8 @@ _SCHEMA = pa.schema([("input_ids", _INTS), ("labels", _INTS), ("lengths", _INTS)
 # The code that turns records into rows: an edit to any of these makes new rows (the stage keys of
 # tasks/stages.py cover code the same way; this key is computed inside the job, where tasks/ is not imported).
 _ROW_CODE = (models.format, models.tokenizer, training.sft_data, training.text_data, training.pairwise_loss)
+# Files of a stored checkpoint that the tokenizer does not need (prepare_rows fetches the others).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # one row or item: input_ids, labels, example lengths
 
@@ -229,6 +236,29 @@ def build_rows(cfg: "SFTConfig", tokenizer: Any, store: ArtifactStore, work_dir:
     return store.artifact_uri(name)
 
 
+def job_tokenizer(model_path: str, work_dir: Path) -> Any:
+    """The tokenizer a job's workers train with (the CoA tags special tokens, models/policy_tokens.py), read
+    without the weights: the model is built on the meta device, and of an s3:// checkpoint only the files that
+    are not weights are fetched."""
+    path = local_path(model_path)
+    if str(model_path).startswith("s3://"):
+        root, _, name = str(model_path).rstrip("/").rpartition("/")
+        store, path = open_store(root), Path(work_dir) / "tokenizer"
+        for rel_name in store.read_manifest(name)["files"]:
+            if not rel_name.endswith(_WEIGHT_SUFFIXES):
+                store.download_file(f"{name}/{rel_name}", path / rel_name)
+    model, tokenizer = load_policy(path, device="meta")
+    add_coa_special_tokens(model, tokenizer)
+    return tokenizer
+
+
+def prepare_rows(cfg: "SFTConfig", work_dir: Path) -> str:
+    """The tokenize step on its own, before a job's workers start (the SFT and pretraining stages run it): the
+    job's rank 0 then finds the rows stored, instead of tokenizing while the other workers wait in a collective
+    whose timeout (30 min under Ray Train) a large data set can exceed. Returns the rows artifact's URI."""
+    return build_rows(cfg, job_tokenizer(cfg.model_path, work_dir), rows_store(cfg), work_dir)
+
+
 def rows_file(uri: str, cache_dir: Path, fetch: bool) -> Path:
     """The local rows file of the artifact at `uri`: a local artifact's own file; for an s3:// one its copy in
     `cache_dir`, which this process downloads (sha256-verified) when `fetch` and the copy is not complete yet."""
@@ -243,7 +273,8 @@ def rows_file(uri: str, cache_dir: Path, fetch: bool) -> Path:
 
 def tokenized_rows(cfg: "SFTConfig", tokenizer: Any, rank: int, local_rank: int, work_dir: Path) -> RowTable:
     """Collective when a process group exists: rank 0 runs the tokenize step (a manifest read when the rows
-    are stored already) and broadcasts the URI; local rank 0 of each machine fetches a remote file; all map it."""
+    are stored already, e.g. by `prepare_rows`) and broadcasts the URI; local rank 0 of each machine fetches a
+    remote file; all map it."""
     grouped = dist.is_initialized() and dist.get_world_size() > 1
     uri = [build_rows(cfg, tokenizer, rows_store(cfg), work_dir) if rank == 0 else None]
     if grouped:

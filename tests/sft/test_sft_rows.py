@@ -1,6 +1,6 @@
 """The tokenize step (training/sft_rows.py): a streamed Arrow rows artifact in the store that equals the in-memory
 builder's rows, is built once per inputs and reused by the next job, reaches workers by URI (fetched once per
-machine from S3), and is read by 2 workers as disjoint shards that cover every row once.
+machine from S3; a stage prepares it before the job), and is read by 2 workers as disjoint shards that cover every row once.
 
     .venv/bin/pytest -q tests/sft/test_sft_rows.py        # seconds
 """
@@ -13,12 +13,14 @@ from dataclasses import asdict
 import pyarrow as pa
 import pytest
 
-from afm.storage import LocalStore, local_path, open_store
+from afm.storage import LocalStore, directory_files, local_path, open_store
 from models.format import read_jsonl
+from models.policy import load_policy
+from models.policy_tokens import add_coa_special_tokens
 from training import sft_rows
 from training.pairwise_loss import build_pair_examples, pack_pairs, read_pair_dicts
 from training.sft_data import build_examples, collate_rows, epoch_row_order, pack_examples
-from training.sft_rows import ROWS_FILE, RowTable, build_rows, tokenized_rows
+from training.sft_rows import ROWS_FILE, RowTable, build_rows, prepare_rows, tokenized_rows
 from training.sft_trainer import run_sft_local, shard_rows
 from training.text_data import build_text_examples, read_text_records
 
@@ -136,26 +138,37 @@ def test_rows_artifact_is_built_once_and_reused_by_the_next_sft(sft_cfg, tokeniz
     assert len(RowTable(local_path(unpacked) / ROWS_FILE)) == first.data.examples
 
 
-def test_s3_rows_are_fetched_once_per_machine_and_mapped(sft_cfg, tokenizer, tmp_path, s3_env, tokenize_calls,
-                                                         monkeypatch):
+def test_s3_rows_are_prepared_before_the_job_fetched_once_per_machine_and_mapped(
+        sft_cfg, tokenizer, policy_dir, tmp_path, s3_env, tokenize_calls, monkeypatch):
     bucket = f"afm-rows-{uuid.uuid4().hex[:8]}"
     s3_env.create_bucket(Bucket=bucket)
-    cfg = sft_cfg.model_copy(update={"rows_store": f"s3://{bucket}/artifacts"})
-    local = tokenized_rows(sft_cfg, tokenizer, 0, 0, tmp_path / "local")
+    open_store(f"s3://{bucket}/artifacts").write_artifact("policy", directory_files(policy_dir), kind="model")
+    cfg = sft_cfg.model_copy(update={"rows_store": f"s3://{bucket}/artifacts",
+                                     "model_path": f"s3://{bucket}/artifacts/policy"})
+    # The stage's step, before any worker: the checkpoint's tokenizer is read without fetching its weights.
+    uri = prepare_rows(cfg, tmp_path / "step")
+    assert len(tokenize_calls) == 1 and uri == f"s3://{bucket}/artifacts/rows/{uri.rpartition('/')[2]}"
+    assert (tmp_path / "step" / "tokenizer" / "tokenizer.json").is_file()
+    assert not list((tmp_path / "step").rglob("*.safetensors"))
     fetches = []
-    real_fetch = sft_rows.open_store
+    real_open_store = sft_rows.open_store
 
     def counted_store(uri):
-        store = real_fetch(uri)
+        store = real_open_store(uri)
         fetch = store.fetch_artifact
         store.fetch_artifact = lambda *a: fetches.append(a) or fetch(*a)
         return store
 
     monkeypatch.setattr(sft_rows, "open_store", counted_store)
-    rows = tokenized_rows(cfg, tokenizer, 0, 0, tmp_path / "data")
-    assert rows.path.is_relative_to(tmp_path / "run" / "rows" / "fetched") and len(fetches) == 1
+    # In the job, with the tokenizer the trainer's setup makes: rank 0 finds the prepared rows.
+    model, job_tokenizer = load_policy(policy_dir)
+    add_coa_special_tokens(model, job_tokenizer)
+    rows = tokenized_rows(cfg, job_tokenizer, 0, 0, tmp_path / "data")
+    assert len(tokenize_calls) == 1 and len(fetches) == 1
+    assert rows.path.is_relative_to(tmp_path / "run" / "rows" / "fetched")
+    local = tokenized_rows(sft_cfg, tokenizer, 0, 0, tmp_path / "local")
     assert as_lists(rows[i] for i in range(len(rows))) == as_lists(local[i] for i in range(len(local)))
     assert asdict(rows.report) == asdict(local.report)
     # Another worker of the machine (not local rank 0) maps the same copy; nothing is tokenized or fetched again.
-    again = tokenized_rows(cfg, tokenizer, 0, 1, tmp_path / "other")
+    again = tokenized_rows(cfg, job_tokenizer, 0, 1, tmp_path / "other")
     assert again.path == rows.path and len(fetches) == 1 and len(tokenize_calls) == 2
