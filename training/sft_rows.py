@@ -116,7 +116,6 @@ class _BatchWriter:
         self.writer = pa.ipc.new_file(self.sink, _SCHEMA.with_metadata(metadata) if metadata else _SCHEMA)
         self.pending: list[Arrays] = []
         self.tokens = 0
-        self.batches = 0
 
     def add(self, row: Arrays) -> None:
         self.pending.append(row)
@@ -127,7 +126,6 @@ class _BatchWriter:
     def flush(self) -> None:
         if self.pending:
             self.writer.write_batch(_record_batch(self.pending))
-            self.batches += 1
         self.pending, self.tokens = [], 0
 
     def close(self) -> None:
@@ -178,9 +176,9 @@ def write_items(chunks: Iterable[tuple[list[list[SFTExample]], DataReport]], pat
     return report
 
 
-def pack_items(items_path: Path, report: DataReport, max_len: int, pack: bool, path: Path) -> int:
+def pack_items(items_path: Path, report: DataReport, max_len: int, pack: bool, path: Path) -> None:
     """Pass 2: rows of items (best-fit decreasing on their lengths, or one item a row) from the mapped item file
-    into `path`, batch by batch, the report in the schema metadata; returns the number of record batches."""
+    into `path`, batch by batch, the report in the schema metadata."""
     items = RowTable(items_path)
     if pack:
         chunks = items.table.column("input_ids").chunks
@@ -193,7 +191,6 @@ def pack_items(items_path: Path, report: DataReport, max_len: int, pack: bool, p
         parts = [items.arrays(i) for i in row]
         writer.add(tuple(np.concatenate([part[c] for part in parts]) for c in range(3)))
     writer.close()
-    return writer.batches
 
 
 def _source_digest() -> str:
