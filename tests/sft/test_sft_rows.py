@@ -138,6 +138,7 @@ def test_rows_artifact_is_built_once_and_reused_by_the_next_sft(sft_cfg, tokeniz
     assert len(RowTable(local_path(unpacked) / ROWS_FILE)) == first.data.examples
 
 
+@pytest.mark.integration  # the moto S3 server
 def test_s3_rows_are_prepared_before_the_job_fetched_once_per_machine_and_mapped(
         sft_cfg, tokenizer, policy_dir, tmp_path, s3_env, tokenize_calls, monkeypatch):
     bucket = f"afm-rows-{uuid.uuid4().hex[:8]}"
