@@ -7,6 +7,7 @@ machine from S3; a stage prepares it before the job), and is read by 2 workers a
 from __future__ import annotations
 
 import json
+import tracemalloc
 import uuid
 from dataclasses import asdict
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from afm.storage import LocalStore, directory_files, local_path, open_store
-from models.format import read_jsonl
+from models.format import read_jsonl, write_jsonl
 from models.policy import load_policy
 from models.policy_tokens import add_coa_special_tokens
 from training import sft_rows
@@ -22,6 +23,7 @@ from training.pairwise_loss import build_pair_examples, pack_pairs, read_pair_di
 from training.sft_data import build_examples, collate_rows, epoch_row_order, pack_examples
 from training.sft_rows import ROWS_FILE, RowTable, build_rows, prepare_rows, tokenized_rows
 from training.sft_trainer import run_sft_local, shard_rows
+from training.synthetic_coa import synthetic_trajectories
 from training.text_data import build_text_examples, read_text_records
 
 
@@ -173,3 +175,27 @@ def test_s3_rows_are_prepared_before_the_job_fetched_once_per_machine_and_mapped
     # Another worker of the machine (not local rank 0) maps the same copy; nothing is tokenized or fetched again.
     again = tokenized_rows(cfg, job_tokenizer, 0, 1, tmp_path / "other")
     assert again.path == rows.path and len(fetches) == 1 and len(tokenize_calls) == 2
+
+
+def test_streamed_build_memory_does_not_grow_with_the_data(sft_cfg, tokenizer, tmp_path, small_batches):
+    """Peak Python allocations (tracemalloc) of the step's two passes at 1x and 4x the trajectories: flat, where
+    the in-memory builder's grow with the data. (Measured after a warm-up, so imports and caches are not in it.)"""
+    def streamed(cfg, path, out):
+        report = sft_rows.write_items(sft_rows.item_chunks(cfg, tokenizer, path), out / "items.arrow")
+        sft_rows.pack_items(out / "items.arrow", report, cfg.max_len, cfg.pack, out / ROWS_FILE)
+
+    def in_memory(cfg, path, out):
+        return in_memory_rows(cfg, tokenizer, path)
+
+    peaks = {}
+    for n in (60, 60, 240):  # the first 60 is the warm-up
+        path = tmp_path / f"train-{n}.jsonl"
+        write_jsonl(path, synthetic_trajectories(n, seed=1))
+        cfg = sft_cfg.model_copy(update={"dataset": str(path)})
+        for build in (streamed, in_memory):
+            tracemalloc.start()
+            build(cfg, path, tmp_path)
+            peaks[build.__name__, n] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    assert peaks["streamed", 240] < 1.3 * peaks["streamed", 60]
+    assert peaks["in_memory", 240] > 3 * peaks["in_memory", 60]
