@@ -199,3 +199,25 @@ def test_streamed_build_memory_does_not_grow_with_the_data(sft_cfg, tokenizer, t
             tracemalloc.stop()
     assert peaks["streamed", 240] < 1.3 * peaks["streamed", 60]
     assert peaks["in_memory", 240] > 3 * peaks["in_memory", 60]
+
+
+def test_prepared_rows_match_the_jobs_tokenizer_for_a_real_style_checkpoint(tmp_path, dataset_file, tokenize_calls):
+    """A checkpoint whose tags are plain text (ChatML BPE, Qwen2.5 template): the step's weightless tokenizer
+    gets the same added tag tokens as the trainer's setup, so the job finds the prepared rows."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from models.policy import save_policy
+    from tests.models.conftest import qwen_like_tokenizer
+    from training.sft_trainer import SFTConfig
+
+    tok = qwen_like_tokenizer()
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
+                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    cfg = SFTConfig(model_path=str(save_policy(model, tok, tmp_path / "qwen-like")), dataset=str(dataset_file),
+                    max_len=256, output_dir=str(tmp_path / "run"))
+    uri = prepare_rows(cfg, tmp_path / "step")
+    job_model, job_tokenizer = load_policy(cfg.model_path)
+    assert add_coa_special_tokens(job_model, job_tokenizer)  # the tags were not special before
+    rows = tokenized_rows(cfg, job_tokenizer, 0, 0, tmp_path / "data")
+    assert len(tokenize_calls) == 1 and rows.path == local_path(uri) / ROWS_FILE and len(rows) > 0
