@@ -140,7 +140,10 @@ def _chunks(records: Iterable[Any]) -> Iterator[list[Any]]:
         yield chunk
 
 
-def item_chunks(cfg: "SFTConfig", tokenizer: Any, data_path: Path) -> Iterator[tuple[list[list[SFTExample]], DataReport]]:
+Items = list[list[SFTExample]]  # each item: the examples that must share a row
+
+
+def item_chunks(cfg: "SFTConfig", tokenizer: Any, data_path: Path) -> Iterator[tuple[Items, DataReport]]:
     """(items, report) of CHUNK records at a time, in record order: an item is the examples that share a row
     whatever the packing (one example, or a when-to-act pair's chosen and rejected branches)."""
     if cfg.data_format == "pairs":
@@ -165,7 +168,7 @@ def _item_arrays(item: list[SFTExample]) -> Arrays:
             np.array([len(e) for e in item], dtype=np.int32))
 
 
-def write_items(chunks: Iterable[tuple[list[list[SFTExample]], DataReport]], path: Path) -> DataReport:
+def write_items(chunks: Iterable[tuple[Items, DataReport]], path: Path) -> DataReport:
     """Pass 1: every item into `path` (rows layout, one item a record), batch by batch; returns the report."""
     report, writer = DataReport(), _BatchWriter(path)
     for items, chunk_report in chunks:
@@ -204,9 +207,9 @@ def rows_key(cfg: "SFTConfig", tokenizer: Any) -> str:
     """16 hex chars identifying the rows that these data, tokenizer, settings and code produce."""
     _, digest = dataset_identity(cfg.dataset)
     tok = hashlib.sha256((tokenizer.backend_tokenizer.to_str() + (tokenizer.chat_template or "")).encode()).hexdigest()
-    payload = {"dataset": digest, "dataset_file": cfg.dataset_file, "tokenizer": tok, "system_prompt": cfg.system_prompt,
-               "max_len": cfg.max_len, "pack": cfg.pack, "data_format": cfg.data_format,
-               "learn_observations": cfg.learn_observations, "code": _source_digest()}
+    payload = {"dataset": digest, "dataset_file": cfg.dataset_file, "tokenizer": tok,
+               "system_prompt": cfg.system_prompt, "max_len": cfg.max_len, "pack": cfg.pack,
+               "data_format": cfg.data_format, "learn_observations": cfg.learn_observations, "code": _source_digest()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,6 +1,7 @@
 """The tokenize step (training/sft_rows.py): a streamed Arrow rows artifact in the store that equals the in-memory
-builder's rows, is built once per inputs and reused by the next job, reaches workers by URI (fetched once per
-machine from S3; a stage prepares it before the job), and is read by 2 workers as disjoint shards that cover every row once.
+builder's rows, is built once per inputs and reused by the next job, can be prepared before the job, reaches
+workers by URI (fetched once per machine from S3), and is read by 2 workers as disjoint shards that cover every
+row once.
 
     .venv/bin/pytest -q tests/sft/test_sft_rows.py        # seconds
 """
@@ -69,7 +70,7 @@ def write_pairs(path, trajectories):
         for i, traj in enumerate(trajectories):
             record = {"question": traj.question, "prefix": "", "chosen": "<answer>yes</answer>",
                       "rejected": "<answer>" + " no" * (i * 7 % 40) + "</answer>"}
-            if i % 3:  # some records without an id: reported by their position
+            if i % 3:  # every third record has no id: a dropped one is reported by its position
                 record["id"] = f"p{i}"
             f.write(json.dumps(record) + "\n")
     return path
