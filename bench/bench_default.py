@@ -5,7 +5,10 @@ under a fresh AFM_HOME and appends JSON lines to bench/results/default.jsonl:
 Metrics: filtered trajectories (target >= 2,000), whole-pipeline seconds (target <= 900: the 15 minutes the
 recipe promises) and each stage's (RL target <= 300), the RL reward curve (mean reward of the first and last
 third of the steps, and the rise in standard errors, target >= 2: the issue's "its reward curve rises"),
-and accuracy / format-error rate of the untrained, SFT and RL models from the pipeline's eval.
+accuracy / format-error rate of the untrained, SFT and RL models from the pipeline's eval, and #26's lines:
+RL held-out accuracy (target >= 0.5), RL minus SFT held-out (target >= +5 points), RL pass@3 minus pass@1 on
+held-out (target >= +10 points), RL tokens per solved problem against the teacher's (target <= -84.6%).
+`--median` prints each of those lines' median over the last runs in the results file (#26: median of 3).
 
 Takes ~14 min on 2 cores. `--no-run` only reads an existing AFM_HOME (e.g. the one `make run` filled).
 
@@ -17,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -79,7 +83,19 @@ def report(afm_home: Path, started: float | None) -> None:
            {"first": round(curve["first"], 4), "last": round(curve["last"], 4), "steps": len(reward), **common},
            RESULTS)
 
-    summary = json.loads((manifests["eval"]["dir"] / "summary.json").read_text(encoding="utf-8"))["summary"]
+    report_json = json.loads((manifests["eval"]["dir"] / "summary.json").read_text(encoding="utf-8"))
+    summary = report_json["summary"]
+    rl, sft = summary_row(summary, "rl", "heldout"), summary_row(summary, "sft", "heldout")
+    record("issue26_rl_heldout_accuracy", rl["accuracy"], 0.5, "fraction", {"problems": rl["problems"], **common},
+           RESULTS)
+    record("issue26_rl_minus_sft_heldout_points", round(100 * (rl["accuracy"] - sft["accuracy"]), 2), 5.0, "points",
+           {"rl": rl["accuracy"], "sft": sft["accuracy"], **common}, RESULTS)
+    record("issue26_rl_pass3_minus_pass1_heldout_points", round(100 * (rl["pass@3"] - rl["pass@1"]), 2), 10.0,
+           "points", {"pass@3": rl["pass@3"], "pass@1": rl["pass@1"], **common}, RESULTS)
+    efficiency = next(row for row in report_json["efficiency"] if row["model"] == "rl")
+    record("issue26_rl_tokens_per_solved_vs_teacher_pct", efficiency["token_reduction_pct"], -84.6, "%",
+           {k: efficiency[k] for k in ("common_solved", "tokens_per_solved", "teacher_tokens_per_solved")} | common,
+           RESULTS)
     for model in ("untrained", "sft", "rl"):
         for problem_set in ("heldout", "train_entities", "computation"):
             row = summary_row(summary, model, problem_set)
@@ -88,12 +104,28 @@ def report(afm_home: Path, started: float | None) -> None:
                     "problems": row["problems"], "samples": row["samples"], **common}, RESULTS)
 
 
+def print_medians(runs: int) -> None:
+    """The median of each #26 line (and the pipeline's seconds) over the last `runs` runs in the results file."""
+    lines = [json.loads(line) for line in RESULTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for metric in ("issue26_rl_heldout_accuracy", "issue26_rl_minus_sft_heldout_points",
+                   "issue26_rl_pass3_minus_pass1_heldout_points", "issue26_rl_tokens_per_solved_vs_teacher_pct",
+                   "stage_seconds_pipeline", "rl_reward_rise_se"):
+        values = [row["value"] for row in lines if row["metric"] == metric][-runs:]
+        measured = [v for v in values if v is not None]  # tokens per solved: None when RL solved nothing
+        if measured:
+            target = next(row["target"] for row in reversed(lines) if row["metric"] == metric)
+            print(f"{metric}: median {statistics.median(measured)} of {values} (target {target})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--afm-home", type=Path, default=None, help="AFM_HOME of the run (default: a new temp dir)")
     parser.add_argument("--no-run", action="store_true", help="only read the artifacts already in --afm-home")
+    parser.add_argument("--median", type=int, default=0, metavar="N", help="only print the medians of the last N runs")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override key=value")
     args = parser.parse_args()
+    if args.median:
+        return print_medians(args.median)
     if args.no_run and args.afm_home is None:
         parser.error("--no-run needs --afm-home")
     afm_home = (args.afm_home or Path(tempfile.mkdtemp(prefix="afm-default-bench-"))).resolve()
