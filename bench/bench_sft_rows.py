@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from training.sft_rows import BATCH_TOKENS, CHUNK  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "sft_rows.jsonl"
 MAX_LEN = 1024
 
@@ -139,7 +141,8 @@ def main() -> None:
         streamed, in_memory = measure("streamed", data), measure("in_memory", data)
         assert (streamed["rows"], streamed["first"], streamed["last"]) == \
             (in_memory["rows"], in_memory["first"], in_memory["last"]), (streamed, in_memory)
-        detail = {"trajectories": args.n, "max_len": MAX_LEN, "rows": streamed["rows"],
+        detail = {"trajectories": args.n, "max_len": MAX_LEN, "rows": streamed["rows"], "batch_tokens": BATCH_TOKENS,
+                  "chunk": CHUNK,
                   "streamed": streamed, "in_memory": in_memory}
         for case in (streamed, in_memory):
             del case["first"], case["last"]

@@ -65,8 +65,10 @@ _REPORT_KEY = b"afm.data_report"
 # Records tokenized per builder call: the builders return Python lists, so this bounds them (64 trajectories
 # of 32k tokens ~ 150 MB of Python ints; at the default max_len a few MB).
 CHUNK = 64
-# Tokens per Arrow record batch: bounds the arrays held before a batch is written (16 MiB a column).
-BATCH_TOKENS = 1 << 22
+# Tokens per Arrow record batch: bounds what is held before a batch is written. The build's peak memory is
+# about 25 bytes a batch token (the rows' arrays, their concatenation, the Arrow columns): ~25 MB at 1M tokens
+# (bench/bench_sft_rows.py measured ~4x that at 4M, where a 20k-trajectory set was a single batch).
+BATCH_TOKENS = 1 << 20
 _INTS = pa.list_(pa.int32())
 _SCHEMA = pa.schema([("input_ids", _INTS), ("labels", _INTS), ("lengths", _INTS)])
 # The code that turns records into rows: an edit to any of these makes new rows (the stage keys of
@@ -103,7 +105,7 @@ class RowTable:
 def _record_batch(rows: Sequence[Arrays]) -> pa.RecordBatch:
     def column(parts: list[np.ndarray]) -> pa.Array:
         offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int32)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(parts).astype(np.int32)))
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(parts).astype(np.int32, copy=False)))
 
     return pa.record_batch([column([row[i] for row in rows]) for i in range(3)], schema=_SCHEMA)
 
