@@ -10,7 +10,8 @@ sft_trainer's doc), on any worker count. The driver owns the MLflow run; rank 0 
 final policy (gathered once, training dtype) travels inside the last checkpoint and is moved to
 `<output_dir>/policy`, then registered. The Ray Train run is named after the MLflow run, so a later job never
 resumes from its checkpoints: once the policy is stored, `discard_run_state` deletes them (the last one holds
-the final weights again, in fp32 with AdamW: 6x the bf16 policy's bytes) and the tokenized rows.
+the final weights again, in fp32 with AdamW: 6x the bf16 policy's bytes) and the job's copy of the rows
+(the store's rows artifact stays: later jobs on the same data reuse it).
 
     ray.init(num_cpus=2)                       # or an existing cluster
     result = train_sft(load_config(SFTConfig, "configs/sft.yaml", ["num_workers=2"]))
@@ -122,7 +123,8 @@ def ray_run_name(cfg: SFTConfig, run_id: str) -> str:
 
 def discard_run_state(cfg: SFTConfig, run_id: str) -> None:
     """After the job's policy is stored: delete its Ray Train run (every DCP checkpoint it kept, on local disk or
-    S3) and the tokenized rows on this machine. No later job can resume from them (`ray_run_name`), and the
+    S3) and the job's local copy of the tokenized rows (a fetched or job-local file; the store's rows artifact
+    stays for reuse). No later job can resume from them (`ray_run_name`), and the
     last checkpoint is a second, fp32 copy of the final weights (+ AdamW): 91 GB for a 7B model."""
     storage_path, filesystem = ray_storage(cfg.checkpoint_uri or str(Path(cfg.output_dir) / "ray"))
     (filesystem or pyarrow.fs.LocalFileSystem()).delete_dir(f"{storage_path}/{ray_run_name(cfg, run_id)}")

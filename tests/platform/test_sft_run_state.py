@@ -58,7 +58,9 @@ def test_sft_stage_keeps_only_the_stored_policy(afm_home, ray_cluster, tmp_path)
     version = MlflowClient().get_model_version("afm-sft-run-state", manifest["extra"]["model_version"])
     assert version.source == manifest["uri"] and "model.safetensors" in manifest["files"]
     stored = [p for p in store.rglob("*") if p.name.endswith(WEIGHT_SUFFIXES)]
-    assert [p.name for p in stored] == ["model.safetensors"]
+    # ... beside the tokenized rows: the tokenize step's one artifact (rows/<key>/rows.arrow), reused by later jobs
+    assert sorted(p.name for p in stored) == ["model.safetensors", "rows.arrow"]
+    assert [p.relative_to(store).parts[0] for p in stored if p.name == "rows.arrow"] == ["rows"]
     # The job's work dir kept no checkpoint shards (Ray Train's storage under it), rows or policy export.
     work = afm_home / "work"
     assert work.is_dir() and not [p for p in work.rglob("*") if p.name.endswith(WEIGHT_SUFFIXES)]
