@@ -29,7 +29,7 @@ run: $(STAMP)
 # Ray Train tests (SFT, and RL whose learner group is Ray Train) run one file per process: Ray Train's
 # controller actor, and actors created after it, are cancelled when earlier tests in the same process already
 # started and shut down Ray sessions (seen with ray 2.60).
-RAY_TRAIN_TESTS := tests/sft/test_sft_ray.py tests/rl/test_trainer.py tests/rl/test_rl_distributed.py
+RAY_TRAIN_TESTS := tests/sft/test_sft_ray.py tests/rl/test_trainer.py tests/rl/test_rl_distributed.py tests/platform/test_sft_run_state.py
 
 # -X faulthandler: a crash anywhere, also after pytest has finished (interpreter exit), prints every thread's
 # Python stack instead of a bare "Segmentation fault" (see afm/hard_exit.py). --durations: CI's log names the
