@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.conftest import free_port
+from tests.serving.policies import tiny_serving_policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -25,12 +26,9 @@ RECORDED_TOOLS = ["web_search", "crawl_page", "code"]
 
 @pytest.fixture(scope="module")
 def tiny_policy(tmp_path_factory):
-    from models.tiny import TinyModelConfig, create_default_policy
-
     texts = ["<think>Search the capital.</think><web_search>Ludoria</web_search><answer>Vazoma</answer>",
              "What is the capital of Ludoria? Vazoma is a city."] * 20
-    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
-    return create_default_policy(tmp_path_factory.mktemp("policy") / "tiny", texts, cfg, vocab_size=400)
+    return tiny_serving_policy(tmp_path_factory.mktemp("policy") / "tiny", texts)
 
 
 @pytest.fixture(scope="module")

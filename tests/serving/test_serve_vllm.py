@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.serving.policies import tiny_serving_policy
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -26,13 +27,9 @@ QUESTION = [{"role": "user", "content": "Capital of Ludoria?"}]
 
 @pytest.fixture(scope="module")
 def tiny_policy(tmp_path_factory):
-    from models.tiny import TinyModelConfig, create_default_policy
-
     texts = ["<think>Compute.</think><code>print(2+3)</code><answer>5</answer>",
              "What is 2 plus 3? It is 5."] * 20
-    # head_dim 32: vLLM's CPU attention kernels take 32, 64, 80, ... (models/engines/vllm_engine.py)
-    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
-    return create_default_policy(tmp_path_factory.mktemp("policy") / "tiny", texts, cfg, vocab_size=400)
+    return tiny_serving_policy(tmp_path_factory.mktemp("policy") / "tiny", texts)
 
 
 @pytest.fixture(scope="module")
