@@ -16,9 +16,11 @@ when_to_act_after_sft1 (target >= 0.9); world_model_f1_after_sft3. Every row's d
 Sizes (`--size`): `small` (the default) shrinks data, model and every stage, planned for <= ~15 min on 2 idle
 CPU cores (measured on 2026-12-05 with load average 17-34 on the shared machine: 30 min for the full run, ~4 min
 for the ablation): it shows the machinery and its counts, not AutoCoA's accuracy; `recipe` is
-configs/autocoa.yaml as written (the issue's quality-sized run; not run here: over an hour on 2 cores).
+configs/autocoa.yaml as written (the default's 2-layer student, which solves no held-out problem in 15 min);
+`quality` puts the quality preset's data, 4-layer student and RL/eval shapes under it (the issue's
+quality-sized run, ~2.5 h on 2 idle cores; cached stages make an interrupted run resume).
 
-Run:  nice -n 5 .venv/bin/python bench/bench_autocoa.py [--size small|recipe] [--afm-home /tmp/afm-autocoa-bench]
+Run:  nice -n 5 .venv/bin/python bench/bench_autocoa.py [--size small|recipe|quality] [--afm-home /tmp/afm-autocoa-bench]
                                                         [--set autocoa.sft2.max_steps=400 ...]
 """
 from __future__ import annotations
@@ -55,6 +57,21 @@ SIZES = {
         "autocoa.facts_given_size=12",
     ],
     "recipe": [],
+    # The quality preset's data, student and RL/eval shapes (configs/quality.yaml: 192 worlds, 4 layers; its
+    # 30-min SFT of 4,188 steps reached 0.60 held-out), SFT2 and the AFM / ReAct baselines 4,200 steps each,
+    # the paper's 80 simulated + 16 real RL steps. ~2.5 h on 2 idle cores (SFT arms ~75 min, RL arms ~60 min,
+    # eval of 11 policies x 100 problems x 3 samples): stages are cached, so an interrupted run resumes.
+    "quality": [
+        "distill.n_worlds=192", "distill.multihop_per_world=40", "distill.n_computation=128",
+        "distill.rl_computation=20", "distill.eval_per_world=25",
+        "policy.tiny.num_layers=4",
+        "sft.warmup_ratio=0.01", "sft.checkpoint_every=500", "sft.report_every=100",
+        "autocoa.sft1.max_steps=300", "autocoa.sft2.max_steps=4200", "autocoa.sft3.max_steps=1000",
+        "rl.rollout.group_size=8", "rl.rollout.max_turns=8", "rl.rollout.max_new_tokens=128",
+        "rl.prompts_per_step=4", "rl.ppo_epochs=2", "rl.minibatches=2",
+        "eval.problem_sets.heldout.size=100", "eval.problem_sets.train_entities.size=15",
+        "eval.max_turns=8", "eval.max_new_tokens=128", "eval.problems_per_batch=50",
+    ],
 }
 RUNS = {
     "full": ["autocoa.stages=[sft1,sft2,sft3,rl_sim,rl_real]", "autocoa.baselines=[afm,react,all_real_rl]"],
