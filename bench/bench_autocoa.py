@@ -20,7 +20,8 @@ configs/autocoa.yaml as written (the default's 2-layer student, which solves no 
 `quality` puts the quality preset's data, 4-layer student and RL/eval shapes under it (the issue's
 quality-sized run, ~2.5 h on 2 idle cores; cached stages make an interrupted run resume).
 
-Run:  nice -n 5 .venv/bin/python bench/bench_autocoa.py [--size small|recipe|quality] [--afm-home /tmp/afm-autocoa-bench]
+Run:  nice -n 5 .venv/bin/python bench/bench_autocoa.py [--size small|recipe|quality]
+                                                        [--afm-home /tmp/afm-autocoa-bench]
                                                         [--set autocoa.sft2.max_steps=400 ...]
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quality import brief, record  # noqa: E402 (the bench row format, shared)
+from afm.config import read_yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "autocoa.jsonl"
@@ -57,27 +59,29 @@ SIZES = {
         "autocoa.facts_given_size=12",
     ],
     "recipe": [],
-    # The quality preset's data, student and RL/eval shapes (configs/quality.yaml: 192 worlds, 4 layers; its
-    # 30-min SFT of 4,188 steps reached 0.60 held-out), SFT2 and the AFM / ReAct baselines 4,200 steps each,
-    # the paper's 80 simulated + 16 real RL steps. ~2.5 h on 2 idle cores (SFT arms ~75 min, RL arms ~60 min,
-    # eval of 11 policies x 100 problems x 3 samples): stages are cached, so an interrupted run resumes.
-    "quality": [
-        "distill.n_worlds=192", "distill.multihop_per_world=40", "distill.n_computation=128",
-        "distill.rl_computation=20", "distill.eval_per_world=25",
-        "policy.tiny.num_layers=4",
-        "sft.warmup_ratio=0.01", "sft.checkpoint_every=500", "sft.report_every=100",
-        "autocoa.sft1.max_steps=300", "autocoa.sft2.max_steps=4200", "autocoa.sft3.max_steps=1000",
-        "rl.rollout.group_size=8", "rl.rollout.max_turns=8", "rl.rollout.max_new_tokens=128",
-        "rl.prompts_per_step=4", "rl.ppo_epochs=2", "rl.minibatches=2",
-        "eval.problem_sets.heldout.size=100", "eval.problem_sets.train_entities.size=15",
-        "eval.max_turns=8", "eval.max_new_tokens=128", "eval.problems_per_batch=50",
-    ],
+    # configs/quality.yaml's data, student, SFT recipe and rollout/eval shapes under the AutoCoA recipe (see
+    # quality_preset()), SFT2 and the AFM / ReAct baselines 4,200 steps each (the 30-min preset's SFT reached
+    # 0.60 held-out at 4,188), the paper's 80 simulated + 16 real RL steps. ~2.5 h on 2 idle cores (SFT arms
+    # ~75 min, RL arms ~60 min, eval of 11 policies x 100 problems x 3 samples); stages are cached, so an
+    # interrupted run resumes.
+    "quality": ["autocoa.sft1.max_steps=300", "autocoa.sft2.max_steps=4200", "autocoa.sft3.max_steps=1000"],
 }
 RUNS = {
     "full": ["autocoa.stages=[sft1,sft2,sft3,rl_sim,rl_real]", "autocoa.baselines=[afm,react,all_real_rl]"],
     "sft2_only": ["autocoa.stages=[sft2]", "autocoa.baselines=[]"],
 }
 HELDOUT = "heldout"
+
+
+def quality_preset() -> list[str]:
+    """configs/quality.yaml's sections as overrides (a section value merges into configs/autocoa.yaml's), so the
+    quality size has one source. The AutoCoA recipe keeps its stage lengths (step counts, not the preset's time
+    budgets) and its eval gate."""
+    preset = read_yaml(ROOT / "configs" / "quality.yaml")
+    recipe_own = {"sft": ("max_steps", "time_budget_s"), "rl": ("steps", "time_budget_s"), "eval": ("gate",)}
+    sections = {name: {k: v for k, v in preset[name].items() if k not in recipe_own.get(name, ())}
+                for name in ("distill", "policy", "sft", "rl", "eval")}
+    return [f"{name}={json.dumps(value)}" for name, value in sections.items()]
 FULL_LABEL = "sft123_sim_real"  # flows/autocoa.py chain_label of the full recipe
 
 
@@ -134,7 +138,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     home = args.afm_home or Path(f"/tmp/afm-autocoa-bench-{args.size}")
-    base = SIZES[args.size] + args.overrides
+    base = (quality_preset() if args.size == "quality" else []) + SIZES[args.size] + args.overrides
     size = {"size": args.size, "config": "configs/autocoa.yaml", "overrides": base, "afm_home": str(home)}
 
     if not args.no_run:
