@@ -5,13 +5,11 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.gloo_workers import spawn_on_gloo
 from training.parallel import single_process_group
 from training.rl_learner import LearnerBatch, gathered_weights, learner_update, setup_learner
 
@@ -22,18 +20,13 @@ def one_update(cfg, policy_dir: Path, batch: LearnerBatch, rank: int, world_size
     return gathered_weights(parts), stats
 
 
-def _worker(rank: int, world_size: int, port: int, cfg_json: str, policy_dir: str, batch_path: str, out: str) -> None:
+def _update(rank: int, world_size: int, cfg_json: str, policy_dir: str, batch_path: str, out: str) -> None:
     from training.rl_trainer import RLConfig
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        batch = torch.load(batch_path, weights_only=False)
-        weights, stats = one_update(RLConfig.model_validate_json(cfg_json), Path(policy_dir), batch, rank, world_size)
-        if rank == 0:
-            torch.save({"weights": weights, "stats": stats}, out)
-    finally:
-        dist.destroy_process_group()
+    batch = torch.load(batch_path, weights_only=False)
+    weights, stats = one_update(RLConfig.model_validate_json(cfg_json), Path(policy_dir), batch, rank, world_size)
+    if rank == 0:
+        torch.save({"weights": weights, "stats": stats}, out)
 
 
 def run_learners(cfg, policy_dir: Path, batch: LearnerBatch, world_size: int, out_dir: Path):
@@ -45,10 +38,6 @@ def run_learners(cfg, policy_dir: Path, batch: LearnerBatch, world_size: int, ou
             return one_update(cfg, policy_dir, batch, 0, 1)
     batch_path, out = out_dir / "batch.pt", out_dir / f"update-{world_size}.pt"
     torch.save(batch, batch_path)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_worker, args=(world_size, port, cfg.model_dump_json(), str(policy_dir), str(batch_path), str(out)),
-             nprocs=world_size, join=True)
+    spawn_on_gloo(_update, world_size, cfg.model_dump_json(), str(policy_dir), str(batch_path), str(out))
     saved = torch.load(out, weights_only=False)
     return saved["weights"], saved["stats"]
