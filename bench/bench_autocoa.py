@@ -18,7 +18,7 @@ CPU cores (measured on 2026-12-05 with load average 17-34 on the shared machine:
 for the ablation): it shows the machinery and its counts, not AutoCoA's accuracy; `recipe` is
 configs/autocoa.yaml as written (the default's 2-layer student, which solves no held-out problem in 15 min);
 `quality` puts the quality preset's data, 4-layer student and RL/eval shapes under it (the issue's
-quality-sized run, ~2.5 h on 2 idle cores; cached stages make an interrupted run resume).
+quality-sized run, ~2 h on 2 idle cores; cached stages make an interrupted run resume).
 
 Run:  nice -n 5 .venv/bin/python bench/bench_autocoa.py [--size small|recipe|quality]
                                                         [--afm-home /tmp/afm-autocoa-bench]
@@ -61,10 +61,13 @@ SIZES = {
     "recipe": [],
     # configs/quality.yaml's data, student, SFT recipe and rollout/eval shapes under the AutoCoA recipe (see
     # quality_preset()), SFT2 and the AFM / ReAct baselines 4,200 steps each (the 30-min preset's SFT reached
-    # 0.60 held-out at 4,188), the paper's 80 simulated + 16 real RL steps. ~2.5 h on 2 idle cores (SFT arms
-    # ~75 min, RL arms ~60 min, eval of 11 policies x 100 problems x 3 samples); stages are cached, so an
-    # interrupted run resumes.
-    "quality": ["autocoa.sft1.max_steps=300", "autocoa.sft2.max_steps=4200", "autocoa.sft3.max_steps=1000"],
+    # 0.60 held-out at 4,188). RL keeps the paper's 5:1 simulated:real ratio at 20 + 4 steps, without DAPO refill:
+    # with refill a simulated step took 92-144 s (the SFT3 policy earns reward 0.01-0.04 in its own imagined
+    # world, so refill drew 7-13x the groups), and 80 + 16 steps in 3 RL arms would have taken ~8 h. ~2 h on 2
+    # idle cores (SFT arms ~80 min, RL arms ~25 min, eval of 11 policies x 100 problems x 3 samples); stages are
+    # cached, so an interrupted run resumes.
+    "quality": ["autocoa.sft1.max_steps=300", "autocoa.sft2.max_steps=4200", "autocoa.sft3.max_steps=1000",
+                "autocoa.rl_sim_steps=20", "autocoa.rl_real_steps=4", "rl.max_refill_rounds=1"],
 }
 RUNS = {
     "full": ["autocoa.stages=[sft1,sft2,sft3,rl_sim,rl_real]", "autocoa.baselines=[afm,react,all_real_rl]"],
