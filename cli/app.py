@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -198,5 +199,15 @@ def lineage(model: str = typer.Argument(..., help="MLflow model URI, e.g. models
     typer.echo(format_lineage(walk(model)))
 
 
+def exit_on_sigterm(signum: int, _frame) -> None:
+    """SIGTERM (`kill`, a scheduler's timeout, a supervisor) unwinds the run like an exception, exit status
+    128 + 15: `finally` blocks and atexit handlers run, so MLflow runs end as failed and child servers stop,
+    Prefect's temporary API server included (before, a killed `afm pipeline` left it running, orphaned). What is
+    finished stays in the stage cache, so the same command resumes. It does NOT cover SIGKILL or a process stuck
+    in native code that never returns to the interpreter."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     sys.exit(app())
