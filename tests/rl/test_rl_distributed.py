@@ -157,8 +157,14 @@ def test_two_rollout_actors_and_two_learners_give_the_parameters_of_one_and_one(
     assert small.history[0]["groups_kept"] >= 1
     for key in ("reward_mean", "groups_sampled", "response_tokens_mean"):
         assert wide.history[0][key] == small.history[0][key], key  # the same episodes
+    # The same gradient: its loss and norm catch a lost rank's rows or a wrong scale, which Adam's first step
+    # (lr * g / (|g| + eps), scale-free) would hide in the parameters.
+    for key in ("loss", "grad_norm"):
+        assert wide.history[0][key] == pytest.approx(small.history[0][key], rel=1e-5), key
     a, _ = load_policy(small.model_dir)
     b, _ = load_policy(wide.model_dir)
-    # Tolerance: the same gradient sums in another order (two ranks' partial sums, gloo's all-reduce), fp32.
+    # Tolerance lr / 100: the gradient sums come in another order (two ranks' partial sums, gloo's all-reduce),
+    # and Adam's first step turns that ~1e-7 relative difference into up to lr * |dg| / eps where |g| is near
+    # eps. Measured on an AVX512/AMX host: one element of 67k moved 5.3e-6 (lr 1e-3), the rest under 1.5e-6.
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
-        torch.testing.assert_close(q, p, atol=2e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-5, msg=name)
