@@ -78,6 +78,12 @@ def check_runs(home, run_id: str) -> None:
     children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
     stages = sorted(c.data.tags["afm.stage"] for c in children)
     assert stages == ["distill", "eval", "rl", "rl", "sft", "sft", "sft", "sft"]
+    # SFT1 trains at its own lr (configs/autocoa.yaml: 1/10 of the recipe's), the other SFT stages at the recipe's
+    cfg = load_config(PipelineConfig, "configs/autocoa.yaml")
+    lrs = {c.data.tags["mlflow.runName"]: float(c.data.params["lr"]) for c in children
+           if c.data.tags["afm.stage"] == "sft"}
+    assert lrs == {"autocoa-sft1": cfg.autocoa.sft1.lr, "autocoa-sft2": cfg.sft.lr, "autocoa-sft3": cfg.sft.lr,
+                   "autocoa-react": cfg.sft.lr} and cfg.autocoa.sft1.lr < cfg.sft.lr
     metrics = client.get_run(run_id).data.metrics
     for name in ("rl.sft123_sim.real_tool_calls", "rl.sft123_sim_real.real_tool_calls", "probe.sft1.when_to_act",
                  "eval.sft123_sim_real.heldout.accuracy", "eval.react.heldout.accuracy", "seconds.sft1"):
