@@ -22,7 +22,7 @@ AUTOCOA_TINY = [o for o in SMOKE_OVERRIDES if not o.startswith("pretrain.")] + [
     "autocoa.sft1.max_steps=2", "autocoa.sft2.max_steps=2", "autocoa.sft3.max_steps=2",
     "autocoa.rl_sim_steps=1", "autocoa.rl_real_steps=1", "autocoa.baselines=[react]",
     "autocoa.probes.pairs=4", "autocoa.probes.observations=2", "autocoa.probes.max_new_tokens=8",
-    "autocoa.facts_given_size=2", "autocoa.data.heldout_fraction=0.2",
+    "autocoa.facts_given_size=2", "autocoa.data.heldout_fraction=0.2", "autocoa.sft1.lr=1e-4",
 ]
 
 
@@ -78,12 +78,12 @@ def check_runs(home, run_id: str) -> None:
     children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
     stages = sorted(c.data.tags["afm.stage"] for c in children)
     assert stages == ["distill", "eval", "rl", "rl", "sft", "sft", "sft", "sft"]
-    # SFT1 trains at its own lr (configs/autocoa.yaml: 1/10 of the recipe's), the other SFT stages at the recipe's
-    cfg = load_config(PipelineConfig, "configs/autocoa.yaml")
+    # SFT1 trains at its own lr (autocoa.sft1.lr=1e-4 above), the other SFT stages at the recipe's
+    recipe_lr = load_config(PipelineConfig, "configs/autocoa.yaml", AUTOCOA_TINY).sft.lr
     lrs = {c.data.tags["mlflow.runName"]: float(c.data.params["lr"]) for c in children
            if c.data.tags["afm.stage"] == "sft"}
-    assert lrs == {"autocoa-sft1": cfg.autocoa.sft1.lr, "autocoa-sft2": cfg.sft.lr, "autocoa-sft3": cfg.sft.lr,
-                   "autocoa-react": cfg.sft.lr} and cfg.autocoa.sft1.lr < cfg.sft.lr
+    assert lrs == {"autocoa-sft1": 1e-4, "autocoa-sft2": recipe_lr, "autocoa-sft3": recipe_lr,
+                   "autocoa-react": recipe_lr} and recipe_lr != 1e-4
     metrics = client.get_run(run_id).data.metrics
     for name in ("rl.sft123_sim.real_tool_calls", "rl.sft123_sim_real.real_tool_calls", "probe.sft1.when_to_act",
                  "eval.sft123_sim_real.heldout.accuracy", "eval.react.heldout.accuracy", "seconds.sft1"):
