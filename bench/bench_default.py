@@ -52,9 +52,9 @@ def rl_curve(client: MlflowClient, run_id: str, key: str) -> list[float]:
     return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def report(afm_home: Path, started: float | None) -> None:
+def report(afm_home: Path, started: float | None, overrides: list[str]) -> None:
     manifests = newest_manifests(afm_home)
-    common = {"afm_home": str(afm_home)}
+    common = {"afm_home": str(afm_home), "overrides": overrides}
     counts = manifests["distill"]["extra"]["counts"]
     record("distill_trajectories", counts["sft_trajectories"], 2000, "trajectories",
            {"problems": counts["problems"], "rl_problems": counts["rl_problems"], **common}, RESULTS)
@@ -105,8 +105,10 @@ def report(afm_home: Path, started: float | None) -> None:
 
 
 def print_medians(runs: int) -> None:
-    """The median of each #26 line (and the pipeline's seconds) over the last `runs` runs in the results file."""
+    """The median of each #26 line (and the pipeline's seconds) over the last `runs` runs of the committed recipe
+    (rows without overrides) in the results file."""
     lines = [json.loads(line) for line in RESULTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [row for row in lines if not row["detail"].get("overrides")]
     for metric in ("issue26_rl_heldout_accuracy", "issue26_rl_minus_sft_heldout_points",
                    "issue26_rl_pass3_minus_pass1_heldout_points", "issue26_rl_tokens_per_solved_vs_teacher_pct",
                    "stage_seconds_pipeline", "rl_reward_rise_se"):
@@ -130,7 +132,7 @@ def main() -> None:
         parser.error("--no-run needs --afm-home")
     afm_home = (args.afm_home or Path(tempfile.mkdtemp(prefix="afm-default-bench-"))).resolve()
     started = None if args.no_run else run_pipeline(afm_home, CONFIG, args.overrides)
-    report(afm_home, started)
+    report(afm_home, started, args.overrides)
 
 
 if __name__ == "__main__":
