@@ -165,6 +165,6 @@ def test_two_rollout_actors_and_two_learners_give_the_parameters_of_one_and_one(
     b, _ = load_policy(wide.model_dir)
     # Tolerance lr / 100: the gradient sums come in another order (two ranks' partial sums, gloo's all-reduce),
     # and Adam's first step turns that ~1e-7 relative difference into up to lr * |dg| / eps where |g| is near
-    # eps. Measured on an AVX512/AMX host: one element of 67k moved 5.3e-6 (lr 1e-3), the rest under 1.5e-6.
+    # eps. Measured on an AVX512/AMX host: one of 93.5k parameters moved 5.3e-6 (lr 1e-3), the rest under 1.5e-6.
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-5, msg=name)
