@@ -8,6 +8,7 @@ the console script `afm` is `cli.app:app`, and `python -m cli` runs the same.
     afm deploy                                                                # register Prefect deployments
     afm serve MODEL [--port 8000] [--engine auto|hf|vllm]                     # Ray Serve, OpenAI-compatible
     afm lineage MODEL                                                         # RL run -> SFT run -> dataset sha
+    afm import-autocoa SRC OUT [--kind pairs|messages]                        # AutoCoA's released data -> ours
 
 Each stage subcommand reads the YAML recipe (`--config`), applies `--set` overrides (dotted keys, YAML values)
 and runs the Prefect flow in this process. A bad config exits 2 with the file and field named.
@@ -97,8 +98,9 @@ def sft(config: Optional[Path] = ConfigOpt, set_: Optional[list[str]] = SetOpt) 
     from flows.sft import SFTFlowConfig, sft_flow
 
     cfg = _load(SFTFlowConfig, config, set_)
+    # Only a trajectories file is read as trajectories: pairs and text records have their own row checks.
     _preflight(cfg.store_uri, {"sft.model_path": cfg.sft.model_path, "sft.dataset": cfg.sft.dataset},
-               (cfg.sft.dataset,), cfg=cfg)
+               (cfg.sft.dataset,) if cfg.sft.data_format == "trajectories" else (), cfg=cfg)
     _print_json(sft_flow(cfg))
 
 
@@ -197,6 +199,36 @@ def lineage(model: str = typer.Argument(..., help="MLflow model URI, e.g. models
 
     _preflight()
     typer.echo(format_lineage(walk(model)))
+
+
+@app.command(name="import-autocoa")
+def import_autocoa(
+    source: Path = typer.Argument(..., help="AutoCoA's file: a JSON array (.json) or JSONL."),
+    out: Path = typer.Argument(..., help="JSONL to write: pair records or trajectories (what the SFT trainer reads)."),
+    kind: str = typer.Option("pairs", help="pairs: when-to-act pairs (sharegpt ranking: conversation, chosen, "
+                                           "rejected) for SFT stage 1; messages: CoA/CoT message files (stages 2-3)."),
+    limit: Optional[int] = typer.Option(None, help="Import only the first N rows."),
+) -> None:
+    """Convert AutoCoA's released training data into this platform's files (distill/autocoa_import.py)."""
+    from distill.autocoa_import import import_autocoa_messages, import_autocoa_pairs
+    from distill.autocoa_pairs import write_pairs
+    from models.format import write_jsonl
+
+    if kind not in ("pairs", "messages"):
+        typer.echo(f"--kind must be 'pairs' or 'messages', not {kind!r}", err=True)
+        raise typer.Exit(2)
+    try:
+        if kind == "pairs":
+            n = write_pairs(out, import_autocoa_pairs(source, limit))
+            train = "--set sft.data_format=pairs --set sft.objective=pairwise"
+        else:
+            n = write_jsonl(out, import_autocoa_messages(source, limit))
+            train = ""
+    except (OSError, ValueError) as exc:  # PairFormatError / TrajectoryError name the file and the row
+        typer.echo(f"import-autocoa: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {n} {'pairs' if kind == 'pairs' else 'trajectories'} to {out}; train on them with: "
+               f"afm sft --set sft.model_path=<policy> --set sft.dataset={out} {train}".rstrip())
 
 
 def exit_on_sigterm(signum: int, _frame) -> None:

@@ -29,6 +29,7 @@ from training.rewards import normalize_answer  # noqa: E402
 # Columns of the printed table around the pass@k columns (rows hold more: EM, F1, failure shares).
 LEAD_COLUMNS = ("model", "set", "problems", "samples", "accuracy")
 TAIL_COLUMNS = ("tokens/problem", "tool_calls/problem", "format_error_rate")
+ACTION_COLUMNS = ("model", "acted_when_needed", "abstained_when_not", "needs_tool_episodes", "facts_given_episodes")
 EFFICIENCY_COLUMNS = ("model", "common_solved", "tokens_per_solved", "teacher_tokens_per_solved", "token_reduction_pct",
                       "tool_calls_per_solved", "teacher_tool_calls_per_solved", "tool_call_reduction_pct")
 
@@ -97,6 +98,14 @@ def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
     widths = [max([len(col)] + [len(r[i]) for r in cells]) for i, col in enumerate(columns)]
     line = lambda items: "  ".join(item.ljust(w) for item, w in zip(items, widths))  # noqa: E731
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def format_action_table(rates: dict[str, dict], models: Sequence[str] = ()) -> str:
+    """AutoCoA's when-to-act columns, a row per model ({model: evaluation/when_to_act.py action_rates}): rates
+    over the needs-tool episodes and the facts-given ones. `models` orders the rows (the eval table's order);
+    models it leaves out follow."""
+    order = [m for m in models if m in rates] + [m for m in rates if m not in models]
+    return format_table([{"model": m, **rates[m]} for m in order], ACTION_COLUMNS)
 
 
 def format_summary_table(rows: Sequence[dict], efficiency: Sequence[dict] = ()) -> str:

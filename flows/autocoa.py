@@ -24,6 +24,7 @@ from afm import tracking
 from afm.config import Config
 from afm.paths import afm_home
 from distill.autocoa_data import AutoCoADataConfig
+from evaluation.report import format_action_table
 from evaluation.runner import ProblemSetConfig
 from flows.distill import DistillFlowConfig, distill_flow
 from flows.evaluate import EvalFlowConfig, evaluate_flow
@@ -172,6 +173,8 @@ def run_autocoa(config: "PipelineConfig", run_id: str) -> dict:
         "mlflow": tracking.configure_tracking(), "pipeline_run": run_id, "seconds": clock.total(),
     }
     print(report["table"])
+    print("\nWhen to act (held-out needs-tool episodes; facts-given twins):\n"
+          + format_action_table(rates, ["untrained", *registered, *config.eval.models]))
     print("\n".join(["", "AutoCoA pipeline finished:"] + [f"  {k:>15}: {v}" for k, v in summary.items()]))
     return summary
 

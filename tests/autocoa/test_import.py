@@ -10,9 +10,12 @@ import json
 
 import pytest
 
+from typer.testing import CliRunner
+
+from cli.app import app
 from distill.autocoa_import import import_autocoa_messages, import_autocoa_pairs
-from distill.autocoa_pairs import PairFormatError, pair_examples
-from models.format import TrajectoryError
+from distill.autocoa_pairs import PairFormatError, pair_examples, read_pairs
+from models.format import TrajectoryError, read_jsonl
 from models.tokenizer import encode_trajectory
 from training.sft_data import IGNORE_INDEX
 
@@ -120,3 +123,27 @@ def test_bad_message_rows_name_file_and_line(tmp_path, response, extra, message)
     array.write_text(json.dumps([_message_row(COT), _message_row(response, *extra)]))
     with pytest.raises(TrajectoryError, match=f"^{array}: record 1: "):
         import_autocoa_messages(array)
+
+
+def test_cli_import_writes_what_the_sft_trainer_reads_and_names_a_bad_row(tmp_path):
+    src = tmp_path / "autocoa_pairs.json"
+    src.write_text(json.dumps([_row(ACT, HALLUCINATE), _row(HALLUCINATE, ACT)]))
+    out = tmp_path / "pairs.jsonl"
+    result = CliRunner().invoke(app, ["import-autocoa", str(src), str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 pairs" in result.output and "sft.objective=pairwise" in result.output
+    assert [(p.chosen, p.case) for p in read_pairs(out)] == [(ACT, "info_missing"), (HALLUCINATE, "info_present")]
+
+    messages = tmp_path / "coa.jsonl"
+    messages.write_text(json.dumps(_message_row(COA)) + "\n")
+    result = CliRunner().invoke(app, ["import-autocoa", str(messages), str(tmp_path / "coa_ours.jsonl"),
+                                      "--kind", "messages"])
+    assert result.exit_code == 0, result.output
+    [traj] = list(read_jsonl(tmp_path / "coa_ours.jsonl"))
+    assert traj.answer == "Kell Brin" and "wiki_search" in [s.tag for s in traj.segments]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(_row(ACT, HALLUCINATE)) + "\n" + json.dumps({"conversation": []}) + "\n")
+    result = CliRunner().invoke(app, ["import-autocoa", str(bad), str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 2 and str(bad) in result.output, result.output
+    assert not (tmp_path / "x.jsonl").exists()

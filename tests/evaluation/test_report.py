@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from evaluation.report import (
-    efficiency_rows, format_summary_table, save_plots, summary_markdown, summary_rows, tts_curves,
+    efficiency_rows, format_action_table, format_summary_table, save_plots, summary_markdown, summary_rows, tts_curves,
 )
 from tests.evaluation.helpers import make_record
 
@@ -60,3 +60,15 @@ def test_tts_curves_pass_and_majority():
     assert list(curves["pass@k"]) == [1, 2, 3]
     assert curves["pass@k"][1] == pytest.approx(2 / 3) and curves["pass@k"][2] == 1.0
     assert curves["majority@k"] == {1: 0.0, 2: 0.0, 3: 1.0}   # k=2: Lyon vs Paris tie -> first seen (Lyon)
+
+
+def test_action_table_rows_follow_the_eval_order():
+    rates = {"react": {"acted_when_needed": 1.0, "abstained_when_not": 0.26, "needs_tool_episodes": 300.0,
+                       "facts_given_episodes": 72.0},
+             "sft12": {"acted_when_needed": 1.0, "abstained_when_not": 0.875, "needs_tool_episodes": 300.0,
+                       "facts_given_episodes": 72.0, "acted_before_first_answer": 1.0}}
+    lines = format_action_table(rates, ["untrained", "sft12"]).splitlines()
+    assert lines[0].split() == ["model", "acted_when_needed", "abstained_when_not", "needs_tool_episodes",
+                                "facts_given_episodes"]
+    assert [line.split()[0] for line in lines[2:]] == ["sft12", "react"]
+    assert lines[2].split()[1:3] == ["1.000", "0.875"]

@@ -166,3 +166,15 @@ def test_preflight_passes_reachable_endpoints_and_reads_every_address_form():
     # Not probed: a local MLflow store, Ray started in-process, S3 unused by a local store.
     local = {"MLFLOW_TRACKING_URI": "sqlite:///x.db", "RAY_ADDRESS": "auto", "AWS_ENDPOINT_URL": "http://127.0.0.1:1"}
     assert configured_endpoints("/data/afm", local) == []
+
+
+def test_pairs_dataset_is_not_checked_as_trajectories(afm_home, tmp_path):
+    """`afm sft` on a when-to-act pairs file (`afm import-autocoa` writes one): preflight must not read it as
+    trajectories. The missing policy makes preflight fail fast, so the output shows every complaint it had."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"id": "p", "question": "q", "prefix": "", "chosen": "a", "rejected": "b",
+                                 "case": ""}) + "\n")
+    result, _ = _invoke(["sft", "--set", f"sft.model_path={tmp_path / 'nope'}", "--set", f"sft.dataset={pairs}",
+                         "--set", "sft.data_format=pairs", "--set", "sft.objective=pairwise"], afm_home)
+    assert result.exit_code == 1 and "sft.model_path" in result.output, result.output
+    assert str(pairs) not in result.output.replace(f"sft.dataset': {pairs!r}", "")
