@@ -132,7 +132,7 @@ def greedy_heldout_accuracy(afm_home: Path, config: Path, manifests: dict[str, d
     return {row["model"]: row for row in result.summary_rows}
 
 
-def report(afm_home: Path, config: Path, started: float | None) -> None:
+def report(afm_home: Path, config: Path, started: float | None, overrides: list[str]) -> None:
     manifests = newest_manifests(afm_home)
     seconds = stage_seconds(manifests, started)
     if started is not None:  # the pipeline's wall time, before this bench's own greedy eval below
@@ -140,7 +140,7 @@ def report(afm_home: Path, config: Path, started: float | None) -> None:
     summary = json.loads((manifests["eval"]["dir"] / "summary.json").read_text(encoding="utf-8"))["summary"]
     sft_extra = manifests["sft"]["extra"]
     common = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
-              "afm_home": str(afm_home)}
+              "afm_home": str(afm_home), "overrides": overrides}
 
     teacher = summary_row(summary, "teacher", "heldout")
     sft = summary_row(summary, "sft", "heldout")
@@ -190,7 +190,7 @@ def main() -> None:
     args = parser.parse_args()
     config = args.config.resolve()
     started = None if args.no_run else run_pipeline(args.afm_home, config, args.overrides)
-    report(args.afm_home.resolve(), config, started)
+    report(args.afm_home.resolve(), config, started, args.overrides)
 
 
 if __name__ == "__main__":
