@@ -41,19 +41,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-# Pre-tokenizers of the tiny tokenizer. Its merges are LEARNED on name pieces: a capitalized word is split into one
-# capital + at most one letter, then two letters at a time, with no leading space or quote attached
-#   ' Vazoma is' -> ' ' 'Va' 'zo' 'ma' ' is';  '<web_search>Vazoma' -> 'Va' 'zo' 'ma'
-# so no merge joins a space or quote to a capital, and none spans a whole name. Text is ENCODED with Qwen2's word
-# regex over those merges: BPE then splits a name by merge rank, often across the pieces ('Fini' -> 'F' 'in' 'i',
-# 'Lebori' -> 'L' 'eb' 'or' 'i'), still with the space or quote apart, so a name is the same ids in the question,
-# an observation, a query and the answer, and an unseen name is made of tokens the training text used.
-# Why both (docs/quality.md, "The tokenizer and copying"): learned and encoded with Qwen2's regex, a name was one
-# token after a space (' Vazoma') and 'V' 'azoma' inside a tag, and held-out names split into pieces no training
-# target had (teacher-forced query/answer accuracy on unseen worlds 0.62 vs 0.75). Encoded with the name pieces
-# themselves, the 2-layer student did not learn to copy unseen names in a copy task (0.000-0.009 of names after
-# 1,500-4,000 steps) where this encoding copied 0.18-0.56 after 1,500 (3 seeds), and the quality preset's SFT
-# student solved 0.60 of held-out problems where this encoding solved 0.75.
+# Pre-tokenizer of the tiny tokenizer: Qwen2's regex, except that a capitalized word is split into pieces of one
+# capital + at most one letter, then two letters at a time, with no leading space or quote attached:
+#   ' Vazoma is' -> ' ' 'Va' 'zo' 'ma' ' is';  '<web_search>Vazoma' -> 'Va' 'zo' 'ma';  '"Vazoma"' -> '"' 'Va' 'zo' 'ma' '"'
+# Why: a name must be the SAME tokens wherever it appears (question, observation, query, answer) and be made of
+# tokens every training name also uses, so that answering about an unseen name is copying token ids. With
+# Qwen's regex a name was one merged token after a space (' Vazoma') and 'V' 'azoma' inside a tag, and held-out
+# names split into pieces no training target had; a 1M-parameter student then cannot copy (docs/quality.md).
+# BPE never merges across these pieces. Lowercase words, digits and punctuation are split as Qwen2 splits them.
 NAME_PIECES_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
     r"|\p{Lu}\p{Ll}?"                             # first piece of a capitalized word
@@ -61,11 +56,6 @@ NAME_PIECES_REGEX = (
     r"|[^\r\n\p{L}\p{N}]?\p{Ll}+"                 # a lowercase word with one leading space/punctuation
     r"|[^\r\n\p{L}\p{N}]?[\p{Lt}\p{Lm}\p{Lo}]+"   # caseless scripts (CJK, ...) as in Qwen2
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Qwen2's own pre-tokenizer regex (its tokenizer.json): words with one leading space or punctuation, single digits.
-QWEN2_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+"
 )
 
 # Stands in for the question while the chat template is rendered, so the question can be tokenized as
@@ -81,10 +71,13 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     """Train a byte-level BPE on `texts`; CoA tags and chat tokens are special tokens (one id each)."""
     specials = [ENDOFTEXT, IM_START, IM_END, *TAG_TOKENS]
     backend = Tokenizer(models.BPE())
-    # Qwen2's pipeline; merges learned with NAME_PIECES_REGEX, text encoded with QWEN2_REGEX (see above).
-    # NFC means non-NFC input text does not decode back byte for byte (as in Qwen).
+    # Qwen2's pipeline with NAME_PIECES_REGEX; reload with `load_tokenizer` (AutoTokenizer would put Qwen2's own
+    # regex back). NFC means non-NFC input text does not decode back byte for byte (as in Qwen).
     backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = _split_then_bytes(NAME_PIECES_REGEX)
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(NAME_PIECES_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=specials, show_progress=False,
@@ -92,7 +85,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     backend.train_from_iterator(texts, trainer)
-    backend.pre_tokenizer = _split_then_bytes(QWEN2_REGEX)   # merges learned on name pieces, text encoded by words
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=IM_END, pad_token=ENDOFTEXT,
         additional_special_tokens=[IM_START, *TAG_TOKENS],
@@ -105,21 +97,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     return tokenizer
 
 
-def _split_then_bytes(regex: str) -> pre_tokenizers.PreTokenizer:
-    """Qwen2's pre-tokenizer pipeline with `regex`: split on it (isolated pieces), then map bytes to symbols."""
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-
-
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved in `path`, exactly as its tokenizer.json defines it.
 
     Not AutoTokenizer for such directories: transformers 5 rebuilds a qwen2-type checkpoint's tokenizer as
-    Qwen2Tokenizer with a hard-coded pre-tokenizer, ignoring the one in tokenizer.json. The tiny tokenizer encodes
-    with that same regex (QWEN2_REGEX), so today both load alike; a checkpoint whose pipeline differs from Qwen2's
-    would not. A real Qwen checkpoint's tokenizer.json holds Qwen's own pipeline, so it loads the same.
+    Qwen2Tokenizer with a hard-coded pre-tokenizer, ignoring the one in tokenizer.json (ours splits names,
+    see NAME_PIECES_REGEX). A real Qwen checkpoint's tokenizer.json holds Qwen's own pipeline, so it loads the same.
     Directories without a tokenizer.json (slow-only tokenizers) go through AutoTokenizer.
     """
     path = Path(path)

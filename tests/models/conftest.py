@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from models.format import Segment, Trajectory, render_segments
 from models.tiny import TinyModelConfig, build_tiny_model
-from models.tokenizer import QWEN2_REGEX, train_tokenizer
+from models.tokenizer import train_tokenizer
 from tests.conftest import memorize_trajectory
 
 torch.set_num_threads(1)
@@ -68,7 +68,7 @@ def memorized_model(tokenizer, tiny_cfg):
     """A tiny model trained to reproduce sample_trajectory(0) (model tokens only), so greedy decoding with
     tool observations inserted is a genuine multi-turn rollout."""
     return memorize_trajectory(build_tiny_model(tiny_cfg, tokenizer), tokenizer, sample_trajectory(0),
-                               SYSTEM_PROMPT, max_steps=250)
+                               SYSTEM_PROMPT, max_steps=150)
 
 
 # The non-tool branch of Qwen2.5-Instruct's chat template (default system prompt included).
@@ -80,6 +80,9 @@ QWEN25_TEMPLATE = (
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Qwen2's pre-tokenizer regex (its tokenizer.json): `>I` of `<think>I need` is one pre-token.
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
 
 
 def qwen_like_tokenizer() -> PreTrainedTokenizerFast:
@@ -87,7 +90,7 @@ def qwen_like_tokenizer() -> PreTrainedTokenizerFast:
     specials only (the CoA tags are text), a Qwen2.5-style chat template."""
     backend = Tokenizer(BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),   # `>I` of `<think>I need`: one pre-token
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.ByteLevel()

@@ -12,7 +12,7 @@ from training.sft_trainer import run_sft_local
 
 # Loss after 5 steps of the seeded tiny model on the fixed synthetic data (sft_cfg). Re-pin only for an
 # intended change to data, model init, loss or optimiser, and say why in the commit.
-PINNED_LOSS_AFTER_5_STEPS = 5.698677225315825
+PINNED_LOSS_AFTER_5_STEPS = 5.681159486161902
 
 
 def test_parameters_change_and_loss_falls(sft_cfg, policy_dir):
