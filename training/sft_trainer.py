@@ -52,7 +52,7 @@ from models.policy_tokens import add_coa_special_tokens
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
 from training.cpu_threads import ThreadChooser
-from training.lr import warmup_schedule
+from training.lr import Schedule, warmup_schedule
 from training.parallel import (
     Parallelism, clip_grad_norm, fill_from_rank0, grad_sync, hf_model, parallelize, single_process_group,
 )
@@ -92,7 +92,9 @@ class SFTConfig(Config):
     grad_accum: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
     lr: float = Field(1e-3, gt=0, description="Peak learning rate of AdamW.")
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="Fraction of total steps with linear LR warmup.")
-    schedule: Literal["cosine", "constant"] = Field("cosine", description="LR after warmup: cosine decay to 0, or constant.")
+    schedule: Schedule = Field(
+        "cosine", description="LR after warmup: cosine decay to 0, constant, or wsd (constant, then linear to 0 over "
+        "the last 20% of the steps; for a run ended by max_steps, since a time budget may stop it before the decay).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay on matrices (not on norms or biases).")
     max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps to run; None: `epochs` full passes.")
