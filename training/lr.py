@@ -16,8 +16,8 @@ from torch.optim.lr_scheduler import LambdaLR
 Schedule = Literal["cosine", "constant", "wsd"]
 # Share of the steps over which "wsd" decays to zero. With a known step count (max_steps), the policy trains at
 # the full rate through its learning phase and anneals at the end. Measured on the default (docs/figures.md):
-# SFT solved 0.33-0.44 of train-entity and 0.25-0.33 of computation problems where constant gave 0.17-0.42 and
-# 0-0.13, and RL's reward started at 0.34 instead of 0.06-0.14.
+# SFT solved 0.33-0.44 of train-entity and 0.21-0.33 of computation problems where constant gave 0.17-0.42 and
+# 0-0.13, and RL's reward started at 0.32-0.35 instead of 0.06-0.14.
 WSD_DECAY_FRACTION = 0.2
 
 
