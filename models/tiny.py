@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from afm.config import Config
+from models.copy_circuit import install_copy_circuit
 from models.policy import save_policy
 from models.tokenizer import train_tokenizer
 
@@ -35,6 +36,15 @@ class TinyModelConfig(Config):
     intermediate_size: int = Field(512, ge=16, description="Hidden width of each layer's SwiGLU MLP.")
     max_position_embeddings: int = Field(2048, ge=64, description="Longest sequence (prompt + response) in tokens.")
     tie_word_embeddings: bool = Field(True, description="Share input embedding and output head (halves embedding params).")
+    rope_theta: float = Field(
+        10000.0, gt=0, description="RoPE base. Qwen2 checkpoints use 1e6; the copy circuit needs a large one (its "
+        "induction head matches tokens on the slowly rotating pairs).",
+    )
+    copy_circuit: bool = Field(
+        False, description="Initialise layers 0-1 with a previous-token head and an induction head "
+        "(models/copy_circuit.py), as a pretrained base has them: copying unseen names works from step 0 instead "
+        "of after thousands of steps. Needs >= 2 layers; the recipes set it with rope_theta 1e6.",
+    )
     seed: int = Field(0, description="Seed of the random initialisation; the same seed gives the same weights.")
 
     @model_validator(mode="after")
@@ -43,6 +53,9 @@ class TinyModelConfig(Config):
             raise ValueError(f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+        if self.copy_circuit and self.num_layers < 2:
+            raise ValueError(f"copy_circuit needs num_layers >= 2 (got {self.num_layers}): its induction head reads "
+                             "layer 0's previous-token head")
         return self
 
 
@@ -57,6 +70,7 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -
         intermediate_size=cfg.intermediate_size,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=cfg.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -65,6 +79,8 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = Qwen2ForCausalLM(config)
+    if cfg.copy_circuit:
+        install_copy_circuit(model, seed=cfg.seed)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
