@@ -1,24 +1,26 @@
-"""Builds a copy circuit into a freshly initialised tiny Qwen2: a previous-token head and an induction head.
+"""Builds a copy circuit into a freshly initialised tiny Qwen2: previous-token heads and an induction head.
 
 Why: the student answers an unseen-entity question only by copying the entity's name, token for token, from the
-question or an observation into its tool call and answer. A real base model (Qwen) arrives with induction
-heads; the 2-layer tiny model trained from scratch did not form one within `make run`'s budget (copy task,
-1,500 steps: 0.000 of held-out names copied; docs/figures.md). Initialising one makes the circuit present from
-step 0 and leaves SFT to learn when to use it: the same copy task copied 0.31 of the names.
+question or an observation into its tool call and answer, and the numbers it compares into its code. A real
+base model (Qwen) arrives with induction heads; the 2-layer tiny model trained from scratch did not form one
+within `make run`'s budget (copy task, 1,500 steps: 0.000 of held-out names copied; docs/figures.md).
+Initialising one makes the circuit present from step 0 and leaves SFT to learn when to use it.
 
 The circuit (Olsson et al. 2022, "In-context learning and induction heads"), in the first two layers:
-  1. The residual stream is split: token embeddings live in a (hidden - head_dim)-dim subspace T, and the
-     previous-token head writes into the orthogonal head_dim-dim subspace P, so the two do not blur.
-  2. Layer 0, query head 0: attends to the previous position through its q/k *biases* alone (RoPE turns
-     constant vectors into a pattern of relative position; the weights are set so the score peaks at
-     distance 1), and writes a code of that token, G0 · x, into P.
-  3. Layer 1, query head 0: its query is the current token's code (G0 · x, read from T) and its key is the
-     previous-token code (read from P), both on RoPE's low-frequency dims, where rotation changes the score
-     little over COPY_DISTANCE tokens. It attends where "the token before was the current token" and copies
-     that position's token back into T, where the tied output embedding reads it as a logit.
-Only query head 0 (and its key/value head) of layers 0 and 1 are set; everything else keeps its random
-init and all of it trains as usual. The result is a plain Qwen2 checkpoint: vLLM, transformers and the
-platform's trainers load it unchanged.
+  1. The residual stream is split: token embeddings live in a (hidden - head_dim)-dim subspace T; two
+     orthogonal (head_dim / 2)-dim subspaces P1 and P2 hold codes of the previous and the second-previous token.
+  2. Layer 0, query heads 0 and 1: attend to distance 1 and distance 2 through their q/k *biases* alone (RoPE
+     turns constant vectors into a pattern of relative position; a linear program picks the pair weights so
+     the score peaks at that distance), and write a code of that token, G0 x, into P1 and P2.
+  3. Layer 1, query head 0: matches two tokens, not one. On half of RoPE's low-frequency dims (where rotation
+     changes the score little over COPY_DISTANCE tokens) its query is the current token's code and its key the
+     P1 code; on the other half its query is the P1 code (the token before the current one) and its key the P2
+     code. It attends where "the two tokens before were the current two" and copies that position's token
+     back into T, where the tied output embedding reads it as a logit. Matching two tokens is what copies a
+     name made of common syllables or a number made of digits, where one token recurs all over the context.
+Only those heads (and their key/value heads) are set; everything else keeps its random init and all of it
+trains as usual. The result is a plain Qwen2 checkpoint: vLLM, transformers and the platform's trainers load
+it unchanged.
 
 Usage:
     model = Qwen2ForCausalLM(config)       # rope_theta 1e6 gives head_dim 32 eight low-frequency pairs
@@ -39,12 +41,14 @@ from transformers import Qwen2ForCausalLM
 COPY_DISTANCE = 512
 # Softmax logit margin of the previous-token head's peak over any other distance (~e^10: sharp from step 0).
 PREV_TOKEN_SHARPNESS = 10.0
-# Scales, chosen on the untrained 2-layer default (hidden 128) so that the induction head's attention lands on
-# the right position (0.77 of its weight) and a repeated random-token sequence is predicted 0.55 of the time
-# before any training; also the values of the copy-task probe in docs/figures.md.
-PREV_TOKEN_WRITE = 0.1     # o_proj scale of the previous-token code written into P
+# Scales, chosen on the untrained 2-layer default (hidden 128): before any training it predicts the second
+# copy of a 100-token sequence of distinct tokens 0.83-0.92 of the time (one-token match: 0.40-0.46) and of
+# a 10-symbol sequence (digits) 0.25-0.28 (one-token match: 0.00).
+PREV_TOKEN_WRITE = 0.1     # o_proj scale of the previous-token codes written into P1, P2
 INDUCTION_QK = 5.0         # q/k scale of the induction head's match
 INDUCTION_WRITE = 1.0      # o_proj scale of the copied token written back into T
+# Part of the policy stage's cache key: a policy built by another circuit must not be reused.
+DESIGN = "prev-token heads at distance 1 and 2; induction head matching two tokens"
 
 
 def previous_token_pair_weights(head_dim: int, rope_theta: float, max_distance: int) -> tuple[np.ndarray, float]:
@@ -77,54 +81,71 @@ def low_frequency_dims(head_dim: int, rope_theta: float) -> list[int]:
     return pairs + [i + half for i in pairs]
 
 
+def _distance_bias(amp: np.ndarray, freqs: np.ndarray, distance: int) -> np.ndarray:
+    """Constant query of a head whose q.k with the constant key [amp, 0] peaks at `distance` (rotate_half layout).
+
+    Per pair, q.k = amp^2 cos(d theta_i - distance theta_i) after RoPE: largest at d = distance."""
+    return np.r_[amp * np.cos(distance * freqs), -amp * np.sin(distance * freqs)]
+
+
 @torch.no_grad()
 def install_copy_circuit(model: Qwen2ForCausalLM, seed: int) -> Qwen2ForCausalLM:
-    """Set layer 0's and layer 1's query head 0 to a previous-token and an induction head (see module doc)."""
+    """Set layer 0's query heads 0-1 to previous-token heads and layer 1's head 0 to an induction head."""
     cfg = model.config
     hidden, head_dim = cfg.hidden_size, cfg.hidden_size // cfg.num_attention_heads
     theta = cfg.rope_parameters["rope_theta"]
     match_dims = low_frequency_dims(head_dim, theta)
-    if cfg.num_hidden_layers < 2 or not match_dims or hidden <= head_dim:
+    if cfg.num_hidden_layers < 2 or cfg.num_attention_heads < 2 or len(match_dims) < 4 or hidden <= head_dim:
         raise ValueError(
-            f"install_copy_circuit needs >= 2 layers, hidden_size > head_dim and RoPE pairs slow enough to match "
-            f"tokens over {COPY_DISTANCE} positions; got {cfg.num_hidden_layers} layers, hidden {hidden}, head_dim "
-            f"{head_dim}, rope_theta {theta}. Raise rope_theta (1e6 as in Qwen2) or set copy_circuit: false.")
+            f"install_copy_circuit needs >= 2 layers, >= 2 heads, hidden_size > head_dim and >= 2 RoPE pairs slow "
+            f"enough to match tokens over {COPY_DISTANCE} positions; got {cfg.num_hidden_layers} layers, "
+            f"{cfg.num_attention_heads} heads, hidden {hidden}, head_dim {head_dim}, rope_theta {theta}. Raise "
+            "rope_theta (1e6 as in Qwen2) or set copy_circuit: false.")
+    code = head_dim // 2
     gen = torch.Generator().manual_seed(seed)
     basis, _ = torch.linalg.qr(torch.randn(hidden, hidden, generator=gen))
-    token_space, prev_space = basis[:, : hidden - head_dim], basis[:, hidden - head_dim:]
+    token_space = basis[:, : hidden - 2 * code]
+    prev1, prev2 = basis[:, hidden - 2 * code: hidden - code], basis[:, hidden - code:]
 
     def code_matrix() -> torch.Tensor:  # head_dim x hidden, reads the token subspace only
-        return torch.randn(head_dim, hidden - head_dim, generator=gen) / math.sqrt(hidden - head_dim) @ token_space.T
+        return torch.randn(head_dim, hidden - 2 * code, generator=gen) / math.sqrt(hidden - 2 * code) @ token_space.T
 
     embed = model.model.embed_tokens.weight  # tied with lm_head in the tiny model
-    embed.copy_(embed @ token_space @ token_space.T * math.sqrt(hidden / (hidden - head_dim)))
+    embed.copy_(embed @ token_space @ token_space.T * math.sqrt(hidden / (hidden - 2 * code)))
 
-    # Layer 0, query head 0 (key/value head 0): previous-token attention from constant q and k.
+    # Layer 0, query heads 0 and 1: distance-1 and distance-2 attention from constant q and k; both write the
+    # token code G0 x of the position they attend to, into P1 and P2.
     weights, margin = previous_token_pair_weights(head_dim, theta, cfg.max_position_embeddings)
     half = head_dim // 2
     freqs = theta ** (-np.arange(half) * 2 / head_dim)
-    # q.k per pair is amp_q * amp_k * cos(d*theta_i + phase); the phase -theta_i puts the peak at d = 1.
     amp = np.sqrt(weights * PREV_TOKEN_SHARPNESS * math.sqrt(head_dim) / margin)
-    q_bias = np.r_[amp * np.cos(freqs), -amp * np.sin(freqs)]
-    k_bias = np.r_[amp, np.zeros(half)]
     attn0 = model.model.layers[0].self_attn
-    attn0.q_proj.weight[:head_dim] = 0
-    attn0.k_proj.weight[:head_dim] = 0
-    attn0.q_proj.bias[:head_dim] = torch.tensor(q_bias, dtype=attn0.q_proj.bias.dtype)
-    attn0.k_proj.bias[:head_dim] = torch.tensor(k_bias, dtype=attn0.k_proj.bias.dtype)
     token_code = code_matrix()
-    attn0.v_proj.weight[:head_dim] = token_code
-    attn0.v_proj.bias[:head_dim] = 0
-    attn0.o_proj.weight[:, :head_dim] = PREV_TOKEN_WRITE * prev_space
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    for head, (distance, space) in enumerate(((1, prev1), (2, prev2))):
+        q, kv = slice(head * head_dim, (head + 1) * head_dim), slice((head // group) * head_dim, (head // group + 1) * head_dim)
+        attn0.q_proj.weight[q] = 0
+        attn0.q_proj.bias[q] = torch.tensor(_distance_bias(amp, freqs, distance), dtype=attn0.q_proj.bias.dtype)
+        attn0.k_proj.weight[kv] = 0
+        attn0.k_proj.bias[kv] = torch.tensor(np.r_[amp, np.zeros(half)], dtype=attn0.k_proj.bias.dtype)
+        attn0.v_proj.weight[kv] = token_code
+        attn0.v_proj.bias[kv] = 0
+        attn0.o_proj.weight[:, q] = 0
+        attn0.o_proj.weight[:, head * head_dim: head * head_dim + code] = PREV_TOKEN_WRITE * space
 
-    # Layer 1, query head 0 (key/value head 0): match current token's code against the previous-token code.
+    # Layer 1, query head 0 (key/value head 0): current token vs P1 on one half of the slow dims, P1 vs P2 on
+    # the other half, so the score counts matches of both tokens.
     attn1 = model.model.layers[1].self_attn
     for proj in (attn1.q_proj, attn1.k_proj):
         proj.weight[:head_dim] = 0
         proj.bias[:head_dim] = 0
-    n = len(match_dims)
-    attn1.q_proj.weight[match_dims] = INDUCTION_QK * token_code[:n]
-    attn1.k_proj.weight[match_dims] = INDUCTION_QK * prev_space[:, :n].T
+    pairs = len(match_dims) // 2
+    first = match_dims[: pairs // 2] + match_dims[pairs: pairs + pairs // 2]
+    second = match_dims[pairs // 2: pairs] + match_dims[pairs + pairs // 2:]
+    attn1.q_proj.weight[first] = INDUCTION_QK * token_code[: len(first)]
+    attn1.k_proj.weight[first] = INDUCTION_QK * prev1[:, : len(first)].T
+    attn1.q_proj.weight[second] = INDUCTION_QK * prev1[:, : len(second)].T
+    attn1.k_proj.weight[second] = INDUCTION_QK * prev2[:, : len(second)].T
     copy_code = code_matrix()
     attn1.v_proj.weight[:head_dim] = copy_code
     attn1.v_proj.bias[:head_dim] = 0
