@@ -47,8 +47,6 @@ PREV_TOKEN_SHARPNESS = 10.0
 PREV_TOKEN_WRITE = 0.1     # o_proj scale of the previous-token codes written into P1, P2
 INDUCTION_QK = 5.0         # q/k scale of the induction head's match
 INDUCTION_WRITE = 1.0      # o_proj scale of the copied token written back into T
-# Part of the policy stage's cache key: a policy built by another circuit must not be reused.
-DESIGN = "prev-token heads at distance 1 and 2; induction head matching two tokens"
 
 
 def previous_token_pair_weights(head_dim: int, rope_theta: float, max_distance: int) -> tuple[np.ndarray, float]:

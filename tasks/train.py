@@ -17,7 +17,6 @@ from afm.config import Config
 from afm.storage import directory_files, open_store
 from models.format import read_jsonl, render_segments
 from models.tiny import TinyModelConfig, create_default_policy
-from models.copy_circuit import DESIGN as COPY_CIRCUIT_DESIGN
 from models.tokenizer import NAME_PIECES_REGEX
 from agents.tools.search import read_corpus
 from problems.miniweb import serve_corpus
@@ -84,10 +83,8 @@ def base_policy_task(cfg: BasePolicyConfig, dataset: dict, store_uri: str = "") 
     dataset) and stored as an artifact."""
     if cfg.base_model:
         return cfg.base_model
-    # The pre-tokenizer and the copy circuit's design are part of the key: a policy built with another one must
-    # not be reused from the cache.
-    key = stage_key("policy", cfg, {"dataset": dataset["digest"], "pretokenizer": NAME_PIECES_REGEX,
-                                    "copy_circuit": COPY_CIRCUIT_DESIGN})
+    # The pre-tokenizer is part of the key: a policy built with another one must not be reused from the cache.
+    key = stage_key("policy", cfg, {"dataset": dataset["digest"], "pretokenizer": NAME_PIECES_REGEX})
 
     def produce(work_dir: Path):
         data = fetch(dataset["uri"], work_dir / "dataset")
