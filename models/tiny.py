@@ -3,6 +3,7 @@
 No weights can be downloaded here, so the platform's default model is a Qwen2ForCausalLM of about a million
 parameters (defaults: hidden 128, 4 layers) whose vocabulary comes from `models.tokenizer.train_tokenizer`.
 It has the same class, files and code paths as a real Qwen checkpoint, so every stage runs unchanged on both.
+With `copy_circuit` its first two layers start as previous-token and induction heads (models/copy_circuit.py).
 
 Usage:
     path = create_default_policy(out_dir, texts, TinyModelConfig(num_layers=2), vocab_size=2048)
@@ -41,9 +42,10 @@ class TinyModelConfig(Config):
         "induction head matches tokens on the slowly rotating pairs).",
     )
     copy_circuit: bool = Field(
-        False, description="Initialise layers 0-1 with a previous-token head and an induction head "
-        "(models/copy_circuit.py), as a pretrained base has them: copying unseen names works from step 0 instead "
-        "of after thousands of steps. Needs >= 2 layers; the recipes set it with rope_theta 1e6.",
+        False, description="Initialise layers 0-1 with previous-token heads (1 and 2 tokens back) and an induction "
+        "head (models/copy_circuit.py), as a pretrained base has them: copying unseen names works from step 0 instead "
+        "of after thousands of steps. Needs >= 2 layers and >= 2 heads; configs/default.yaml sets it with rope_theta "
+        "1e6 (the 4-layer quality preset did worse with it: docs/quality.md).",
     )
     seed: int = Field(0, description="Seed of the random initialisation; the same seed gives the same weights.")
 
