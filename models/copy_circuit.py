@@ -55,7 +55,7 @@ def previous_token_pair_weights(head_dim: int, rope_theta: float, max_distance: 
     score(d) = sum_i w_i cos((d - 1) theta_i) for d in [0, max_distance]; a linear program maximises the margin
     score(1) - max_{d != 1} score(d) under sum w = 1, w >= 0. Returns (w, margin).
     """
-    freqs = rope_theta ** (-np.arange(head_dim // 2) * 2 / head_dim)
+    freqs = rope_frequencies(head_dim, rope_theta)
     others = np.array([d for d in range(max_distance + 1) if d != 1])
     n = len(freqs)
     # Variables [w_0..w_{n-1}, t]; maximise t subject to (cos((d-1)theta) - 1) . w + t <= 0 for every d.
@@ -71,12 +71,14 @@ def previous_token_pair_weights(head_dim: int, rope_theta: float, max_distance: 
     return result.x[:n], float(result.x[-1])
 
 
-def low_frequency_dims(head_dim: int, rope_theta: float) -> list[int]:
-    """Head dims of the RoPE pairs that rotate by < 1 radian over COPY_DISTANCE tokens (HF's rotate_half layout)."""
-    half = head_dim // 2
-    freqs = rope_theta ** (-np.arange(half) * 2 / head_dim)
-    pairs = [i for i in range(half) if freqs[i] * COPY_DISTANCE < 1.0]
-    return pairs + [i + half for i in pairs]
+def rope_frequencies(head_dim: int, rope_theta: float) -> np.ndarray:
+    """Radians per token of each RoPE pair i (dims i and i + head_dim/2 in HF's rotate_half layout)."""
+    return rope_theta ** (-np.arange(head_dim // 2) * 2 / head_dim)
+
+
+def slow_pairs(head_dim: int, rope_theta: float) -> list[int]:
+    """The RoPE pairs that rotate by < 1 radian over COPY_DISTANCE tokens."""
+    return [i for i, freq in enumerate(rope_frequencies(head_dim, rope_theta)) if freq * COPY_DISTANCE < 1.0]
 
 
 def _distance_bias(amp: np.ndarray, freqs: np.ndarray, distance: int) -> np.ndarray:
@@ -92,8 +94,8 @@ def install_copy_circuit(model: Qwen2ForCausalLM, seed: int) -> Qwen2ForCausalLM
     cfg = model.config
     hidden, head_dim = cfg.hidden_size, cfg.hidden_size // cfg.num_attention_heads
     theta = cfg.rope_parameters["rope_theta"]
-    match_dims = low_frequency_dims(head_dim, theta)
-    if cfg.num_hidden_layers < 2 or cfg.num_attention_heads < 2 or len(match_dims) < 4 or hidden <= head_dim:
+    pairs = slow_pairs(head_dim, theta)
+    if cfg.num_hidden_layers < 2 or cfg.num_attention_heads < 2 or len(pairs) < 2 or hidden <= head_dim:
         raise ValueError(
             f"install_copy_circuit needs >= 2 layers, >= 2 heads, hidden_size > head_dim and >= 2 RoPE pairs slow "
             f"enough to match tokens over {COPY_DISTANCE} positions; got {cfg.num_hidden_layers} layers, "
@@ -114,8 +116,7 @@ def install_copy_circuit(model: Qwen2ForCausalLM, seed: int) -> Qwen2ForCausalLM
     # Layer 0, query heads 0 and 1: distance-1 and distance-2 attention from constant q and k; both write the
     # token code G0 x of the position they attend to, into P1 and P2.
     weights, margin = previous_token_pair_weights(head_dim, theta, cfg.max_position_embeddings)
-    half = head_dim // 2
-    freqs = theta ** (-np.arange(half) * 2 / head_dim)
+    freqs = rope_frequencies(head_dim, theta)
     amp = np.sqrt(weights * PREV_TOKEN_SHARPNESS * math.sqrt(head_dim) / margin)
     attn0 = model.model.layers[0].self_attn
     token_code = code_matrix()
@@ -125,7 +126,7 @@ def install_copy_circuit(model: Qwen2ForCausalLM, seed: int) -> Qwen2ForCausalLM
         attn0.q_proj.weight[q] = 0
         attn0.q_proj.bias[q] = torch.tensor(_distance_bias(amp, freqs, distance), dtype=attn0.q_proj.bias.dtype)
         attn0.k_proj.weight[kv] = 0
-        attn0.k_proj.bias[kv] = torch.tensor(np.r_[amp, np.zeros(half)], dtype=attn0.k_proj.bias.dtype)
+        attn0.k_proj.bias[kv] = torch.tensor(np.r_[amp, np.zeros(code)], dtype=attn0.k_proj.bias.dtype)
         attn0.v_proj.weight[kv] = token_code
         attn0.v_proj.bias[kv] = 0
         attn0.o_proj.weight[:, q] = 0
@@ -137,9 +138,10 @@ def install_copy_circuit(model: Qwen2ForCausalLM, seed: int) -> Qwen2ForCausalLM
     for proj in (attn1.q_proj, attn1.k_proj):
         proj.weight[:head_dim] = 0
         proj.bias[:head_dim] = 0
-    pairs = len(match_dims) // 2
-    first = match_dims[: pairs // 2] + match_dims[pairs: pairs + pairs // 2]
-    second = match_dims[pairs // 2: pairs] + match_dims[pairs + pairs // 2:]
+    def dims(pair_ids: list[int]) -> list[int]:  # both dims of each pair (rotate_half layout)
+        return pair_ids + [i + head_dim // 2 for i in pair_ids]
+
+    first, second = dims(pairs[: len(pairs) // 2]), dims(pairs[len(pairs) // 2:])
     attn1.q_proj.weight[first] = INDUCTION_QK * token_code[: len(first)]
     attn1.k_proj.weight[first] = INDUCTION_QK * prev1[:, : len(first)].T
     attn1.q_proj.weight[second] = INDUCTION_QK * prev1[:, : len(second)].T
