@@ -48,6 +48,7 @@ _INTENT_RE = re.compile(r"^Intent: (.*)$", re.M)
 _URL_RE = re.compile(r"https?://[^\s|\"')\]]+")
 _CAPITALISED_RE = re.compile(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*")
 _NUMBER_RE = re.compile(r"-?\d+")
+_PAIR_RE = re.compile(r", (.+) or (.+)\?$")  # a comparison question's tail: "..., A or B?"
 
 
 class OracleKnowledge:
@@ -212,7 +213,8 @@ class ScriptedOracleBackend:
                         target = plan.distractor
                     elif plan.kind == "bad_query":
                         target = _vague_query(problem.question)
-                return f'{before}Search "{target}".\nNEXT: search'
+                pair = _other_of_pair(problem.question, target)
+                return f'{before}{f"Now {pair}. " if pair else ""}Search "{target}".\nNEXT: search'
             if step["tool"] == "crawl_page":
                 return f"{before}Read {step['argument']}.\nNEXT: crawl"
             if problem.family == "multihop":  # a comparison's last step: the two values go into code
@@ -237,7 +239,9 @@ class ScriptedOracleBackend:
         for step in problem.metadata["solution"]["steps"][b.pos:]:
             if step["tool"] == "web_search":
                 known = step["argument"] in shown
-                items.append(f"search {step['argument']}" if known else "search the name found")
+                pair = _other_of_pair(problem.question, step["argument"])
+                items.append(f"search {pair}" if pair else
+                             f"search {step['argument']}" if known else "search the name found")
             elif step["tool"] == "code":
                 items.append("compute with code")
         items.append("answer")
@@ -286,6 +290,15 @@ class ScriptedOracleBackend:
         if self._plan_for(problem).kind == "slip" and len(self._own_intents(messages)) == 1:
             return sol["slip"]["argument"]
         return next(s["argument"] for s in sol["steps"] if s["tool"] == "code")
+
+
+def _other_of_pair(question: str, name: str) -> str:
+    """'the other one, A or B' when `name` is B of a comparison question '..., A or B?', else ''.
+    Why: the tiny student copies with a two-token match (models/copy_circuit.py) and a name's first piece follows a
+    lone space token, so `search "B"` matched the earlier `search A` and searched A twice. ', A or B' repeats
+    the question's own tokens, so each of A and B is copied after the same two tokens as in the question."""
+    pair = _PAIR_RE.search(question)
+    return f"the other one, {pair.group(1)} or {name}" if pair and pair.group(2) == name else ""
 
 
 def _vague_query(question: str) -> str:
