@@ -294,9 +294,10 @@ class ScriptedOracleBackend:
 
 def _other_of_pair(question: str, name: str) -> str:
     """'the other one, A or B' when `name` is B of a comparison question '..., A or B?', else ''.
-    Why: the tiny student copies with a two-token match (models/copy_circuit.py) and a name's first piece follows a
-    lone space token, so `search "B"` matched the earlier `search A` and searched A twice. ', A or B' repeats
-    the question's own tokens, so each of A and B is copied after the same two tokens as in the question."""
+    Why: the tiny student copies a token after the two tokens that preceded it earlier (models/copy_circuit.py). In
+    `Search "B"` those are `Search "`, last followed by A, so the student searched A twice (0-6 of 39 held-out
+    samples searched B). ', A or B' repeats the question's own tokens, so B follows `or` + space as in the
+    question (20-23 of 39 in 2 of 3 runs; docs/figures.md)."""
     pair = _PAIR_RE.search(question)
     return f"the other one, {pair.group(1)} or {name}" if pair and pair.group(2) == name else ""
 
