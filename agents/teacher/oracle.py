@@ -48,7 +48,6 @@ _INTENT_RE = re.compile(r"^Intent: (.*)$", re.M)
 _URL_RE = re.compile(r"https?://[^\s|\"')\]]+")
 _CAPITALISED_RE = re.compile(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)*")
 _NUMBER_RE = re.compile(r"-?\d+")
-_PAIR_RE = re.compile(r", (.+) or (.+)\?$")  # a comparison question's tail: "..., A or B?"
 
 
 class OracleKnowledge:
@@ -213,8 +212,7 @@ class ScriptedOracleBackend:
                         target = plan.distractor
                     elif plan.kind == "bad_query":
                         target = _vague_query(problem.question)
-                pair = _other_of_pair(problem.question, target)
-                return f'{before}{f"Now {pair}. " if pair else ""}Search "{target}".\nNEXT: search'
+                return f'{before}Search "{target}".\nNEXT: search'
             if step["tool"] == "crawl_page":
                 return f"{before}Read {step['argument']}.\nNEXT: crawl"
             if problem.family == "multihop":  # a comparison's last step: the two values go into code
@@ -239,9 +237,7 @@ class ScriptedOracleBackend:
         for step in problem.metadata["solution"]["steps"][b.pos:]:
             if step["tool"] == "web_search":
                 known = step["argument"] in shown
-                pair = _other_of_pair(problem.question, step["argument"])
-                items.append(f"search {pair}" if pair else
-                             f"search {step['argument']}" if known else "search the name found")
+                items.append(f"search {step['argument']}" if known else "search the name found")
             elif step["tool"] == "code":
                 items.append("compute with code")
         items.append("answer")
@@ -290,16 +286,6 @@ class ScriptedOracleBackend:
         if self._plan_for(problem).kind == "slip" and len(self._own_intents(messages)) == 1:
             return sol["slip"]["argument"]
         return next(s["argument"] for s in sol["steps"] if s["tool"] == "code")
-
-
-def _other_of_pair(question: str, name: str) -> str:
-    """'the other one, A or B' when `name` is B of a comparison question '..., A or B?', else ''.
-    Why: the tiny student copies a token after the two tokens that preceded it earlier (models/copy_circuit.py). In
-    `Search "B"` those are `Search "`, last followed by A, so the student searched A twice (0-6 of 39 held-out
-    samples searched B). ', A or B' repeats the question's own tokens, so B follows `or` + space as in the
-    question (20-23 of 39 in 2 of 3 runs; docs/figures.md)."""
-    pair = _PAIR_RE.search(question)
-    return f"the other one, {pair.group(1)} or {name}" if pair and pair.group(2) == name else ""
 
 
 def _vague_query(question: str) -> str:

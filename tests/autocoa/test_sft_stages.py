@@ -22,7 +22,7 @@ from training.synthetic_coa import synthetic_trajectories
 
 # Pairwise loss after 5 steps of the seeded tiny model on the oracle teacher's pairs of the small world. Re-pin only
 # for an intended change to the pairs, pair examples, model init, objective or optimiser; say why in the commit.
-PINNED_PAIRWISE_LOSS_AFTER_5_STEPS = 1.8489091055733817
+PINNED_PAIRWISE_LOSS_AFTER_5_STEPS = 1.813895034790039
 
 
 @pytest.fixture(scope="module")

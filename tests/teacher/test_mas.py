@@ -32,27 +32,6 @@ def test_thoughts_copy_the_name_the_next_search_uses(world_setup, toolbox):
                 assert prev.role == "thinking" and f'"{ev.tool_call.argument}"' in prev.content
 
 
-def test_comparison_thoughts_repeat_the_question_pair(world_setup, toolbox):
-    """A comparison's second name is written after the question's own ', A or' (plan and thought), so the student
-    copies it after the same two tokens as where it read it, and the search that follows is for it."""
-    def pair(p):  # (A, B) of '..., A or B?', and whether both are searched by name (not 'the employer of ...')
-        a, b = p.question.rstrip("?").rsplit(", ", 1)[1].split(" or ")
-        searched = {s["argument"] for s in p.metadata["solution"]["steps"] if s["tool"] == "web_search"}
-        return a, b, {a, b} <= searched
-
-    comparisons = [p for p in world_setup.problems if p.metadata["solution"].get("kind") == "comparison" and pair(p)[2]]
-    assert len(comparisons) > 3, "fixture should have comparisons of two names"
-    for p in comparisons:
-        log = run_mas(p, oracle(world_setup.problems), toolbox, TeacherConfig())
-        a, b, _ = pair(p)
-        thoughts = " ".join(e.content for e in log.events if e.role == "thinking")
-        plan = next(e.content for e in log.events if e.role == "planning")
-        assert f"search the other one, {a} or {b}." in plan
-        assert f'Now the other one, {a} or {b}. Search "{b}".' in thoughts
-        searches = [e.tool_call.argument for e in log.events if e.tool_call and e.tool_call.tag == "web_search"]
-        assert a in searches and searches[-1] == b
-
-
 def test_every_agent_call_is_counted_and_histories_grow(world_setup, toolbox):
     p = world_setup.problems[0]
     log = run_mas(p, oracle(world_setup.problems, reflection_rate=1.0), toolbox, TeacherConfig())
