@@ -136,7 +136,11 @@ def distill_dataset(cfg: DistillConfig, out_dir: Path, store_uri: str = "") -> D
         rollout = run_rollouts(problems, cfg.teacher, toolbox_cfg, cfg.rollout, out_dir / "rollouts")
     t_rollout = time.perf_counter()
 
-    trajectories, conversion_failures = convert_logs(iter_logs(out_dir / "rollouts"))
+    # Actors write logs in completion order, which differs run to run (two runs of the default: 556 of 2,052 rows
+    # placed differently), so SFT saw other batches each run. In problem order, one config gives one dataset.
+    position = {p.id: i for i, p in enumerate(problems)}
+    logs = sorted(iter_logs(out_dir / "rollouts"), key=lambda log: (position[log.problem_id], log.sample_idx))
+    trajectories, conversion_failures = convert_logs(logs)
     protocol = protocol_counts(iter_logs(out_dir / "rollouts"))
     kept, report = run_filters(trajectories, problems, cfg.filters)
     # the report starts at the logs: what never became a trajectory, and why

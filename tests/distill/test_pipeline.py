@@ -1,4 +1,4 @@
-"""distill_dataset end to end on a tiny config: files, counts, valid trajectories, RL problems."""
+"""distill_dataset end to end on a tiny config: files, counts, valid trajectories in problem order, RL problems."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 def test_distill_dataset_tiny(ray_session, tmp_path):
     cfg = DistillConfig(n_worlds=2, multihop_per_world=8, n_computation=4, rl_multihop_per_world=4,
-                        rl_computation=2, rollout={"show_progress": False})
+                        rl_computation=2, rollout={"show_progress": False, "batch_size": 1})
     result = distill_dataset(cfg, tmp_path)
     trajs = list(read_jsonl(result.sft_path))
     assert trajs and len(trajs) == result.counts["sft_trajectories"]
@@ -27,6 +27,11 @@ def test_distill_dataset_tiny(ray_session, tmp_path):
     assert result.filter_report[0]["in"] == 20 and result.counts["parse_failures_total"] == 0  # the oracle parses
     rl = read_problems(result.rl_problems_path)
     assert rl and all("solution" in p.metadata for p in rl)
+    problem_ids = [json.loads(line)["id"] for line in (tmp_path / "problems.jsonl").read_text().splitlines()]
+    # in problem order, whatever order the actors finished in (batch_size 1: one shard per log, numbered as the
+    # two actors finish; unordered, this failed): one config, one byte-identical dataset
+    positions = [problem_ids.index(t.id.split("#")[0]) for t in trajs]
+    assert positions == sorted(positions)
     sft_questions = {json.loads(line)["question"] for line in (tmp_path / "problems.jsonl").read_text().splitlines()}
     assert not sft_questions & {p.question for p in rl}
     assert sum(1 for _ in open(result.corpus_path)) > 0
