@@ -27,11 +27,12 @@ def test_distill_dataset_tiny(ray_session, tmp_path):
     assert result.filter_report[0]["in"] == 20 and result.counts["parse_failures_total"] == 0  # the oracle parses
     rl = read_problems(result.rl_problems_path)
     assert rl and all("solution" in p.metadata for p in rl)
-    problem_ids = [json.loads(line)["id"] for line in (tmp_path / "problems.jsonl").read_text().splitlines()]
+    sft_problems = [json.loads(line) for line in (tmp_path / "problems.jsonl").read_text().splitlines()]
     # in problem order, whatever order the actors finished in (batch_size 1: one shard per log, numbered as the
     # two actors finish; unordered, this failed): one config, one byte-identical dataset
+    problem_ids = [p["id"] for p in sft_problems]
     positions = [problem_ids.index(t.id.split("#")[0]) for t in trajs]
     assert positions == sorted(positions)
-    sft_questions = {json.loads(line)["question"] for line in (tmp_path / "problems.jsonl").read_text().splitlines()}
+    sft_questions = {p["question"] for p in sft_problems}
     assert not sft_questions & {p.question for p in rl}
     assert sum(1 for _ in open(result.corpus_path)) > 0
