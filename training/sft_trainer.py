@@ -106,10 +106,11 @@ class SFTConfig(Config):
                                                                 "Ray cluster's CPUs / num_workers.")
     cpu_threads: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto", description="torch threads of a CPU worker. auto: the worker's own count (Ray's CPU reservation), "
-                            "re-timed against 1 thread every 200 steps and when steps suddenly slow down, the faster "
-                            "kept (training/cpu_threads.py: on "
+                            "re-timed against 1 thread every 200 steps and when steps suddenly slow down, a clearly "
+                            "faster count taking over (training/cpu_threads.py: on "
                             "2 cores shared with other processes two spinning OpenMP threads ran 5-10x slower than one, "
-                            "idle 1.7x faster); an int fixes the count.")
+                            "idle 1.7x faster); a switch changes the float sums, so loaded runs do not repeat bit for "
+                            "bit. An int fixes the count: repeatable at any load.")
     use_gpu: bool = Field(False, description="One GPU per worker (NCCL); False trains on CPU (gloo).")
     parallelism: Parallelism = Field("ddp", description="ddp: a full model, gradients and AdamW state on every worker; "
                                                         "fsdp: FSDP2 shards them over the workers (each decoder layer and the "
