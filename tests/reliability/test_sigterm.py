@@ -29,8 +29,8 @@ def one_flow():
 
 def long_command():
     one_flow()
-    print("ready", flush=True)
-    try:
+    try:  # "ready" inside the try: a SIGTERM sent the moment it is read must land within it (before, on a loaded
+        print("ready", flush=True)  # machine, one arrived between the print and the try, and no finally ran)
         time.sleep(300)
     finally:
         Path(sys.argv[1]).write_text("unwound")
