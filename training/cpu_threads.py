@@ -43,7 +43,7 @@ class ThreadChooser:
     def __init__(self, candidates: list[int], every: int = 200, warmup: int = 3, window: int = 10):
         self.candidates = sorted(set(candidates))
         self.current = max(self.candidates)  # the worker's own count: the old behaviour until a probe beats it
-        self.every, self.warmup = every, warmup
+        self.every = every
         self.first = warmup + window  # the first probe: once the window holds steady steps
         self.untimed = warmup  # steps left whose time is not recorded (allocator, lazy init, first batches)
         self.recent: deque[float] = deque(maxlen=window)  # seconds per token of the current count's last steps

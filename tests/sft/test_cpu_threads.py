@@ -1,5 +1,6 @@
-"""CPU thread choice (training/cpu_threads.py): the chooser follows the faster count, the thread count does not
-change the training arithmetic, and the trainer restores the process's thread count when it returns."""
+"""CPU thread choice (training/cpu_threads.py): the chooser follows a clearly faster count and not warm-up or
+noise, a fixed count trains the same losses up to float rounding, and the trainer restores the process's thread
+count when it returns."""
 from __future__ import annotations
 
 import pytest
