@@ -1,6 +1,10 @@
 """Tiny model construction and policy save/load (local and from an artifact store)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -89,3 +93,24 @@ def test_load_policy_from_s3_artifact(tmp_path, tiny_model, tokenizer, monkeypat
         assert torch.equal(_logits(model, ids), _logits(tiny_model, ids))
     finally:
         server.stop()
+
+
+def test_load_policy_turns_on_flush_denormal_for_every_thread(tmp_path, tiny_model, tokenizer):
+    # A fresh process: the flag is process-wide, and other tests have loaded policies in this one already.
+    save_policy(tiny_model, tokenizer, tmp_path / "policy")
+    # The flag holds per thread, so the process starts as a worker does: load_policy before its first large op.
+    script = f"""
+import torch
+from models.policy import load_policy
+torch.set_num_threads(2)
+small = torch.full((1000,), 1e-39)  # denormal in float32; too small to split, so it runs on this thread only
+before = int((small * 1.0).count_nonzero())
+load_policy({str(tmp_path / "policy")!r})
+big = torch.full((1 << 20,), 1e-39)  # split over both threads of the pool this op creates
+print(before, int((small * 1.0).count_nonzero()), int((big * 1.0).count_nonzero()),
+      int((torch.full((1 << 20,), 1e-30) * 1.0).count_nonzero()))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    before, small_after, big_after, normal = map(int, out.stdout.split())
+    assert (before, small_after, big_after, normal) == (1000, 0, 0, 1 << 20)
