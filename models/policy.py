@@ -26,7 +26,7 @@ from models.tokenizer import load_tokenizer
 
 
 def flush_denormals() -> None:
-    """Have this process's CPU float ops treat denormal numbers as zero (FTZ/DAZ; a no-op on GPU kernels).
+    """Have this thread's CPU float ops, and those of threads it starts later, treat denormals as zero (FTZ/DAZ).
 
     Why: a trained policy's activations and gradients carry denormals (the sharp softmaxes of a trained attention
     head), and x86 cores compute with them on a slow path. The default's SFT ran 21.8k tokens/s at its start and
@@ -59,8 +59,8 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) from a local save_pretrained directory or an `s3://.../<artifact>` URI.
 
-    Also turns on `flush_denormals()` for the process: every process that trains or generates on CPU loads its
-    policy here first (SFT and RL workers, rollout and eval workers, serving)."""
+    Also calls `flush_denormals()`: every process that trains or generates on CPU loads its policy here before
+    its first large op (SFT and RL workers, rollout and eval workers, serving). GPU kernels are not affected."""
     flush_denormals()
     text = str(path_or_uri)
     if not text.startswith("s3://"):
