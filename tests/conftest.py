@@ -1,6 +1,6 @@
-"""Suite-wide fixtures: a real moto S3 server on 127.0.0.1 (free port) with boto3 pointed at it, and
-isolation: a test module that leaves a Ray session running (e.g. a flow whose stages call ray.init) must not
-leak it into the next module, whose own `ray.init` would then fail. At the very end the process leaves through
+"""Suite-wide fixtures: a real moto S3 server on 127.0.0.1 (free port) with boto3 pointed at it, the smoke
+pipeline's two runs shared by the flow and reliability suites, and isolation: a test module that leaves a Ray
+session running (e.g. a flow whose stages call ray.init) must not leak it into the next module, whose own `ray.init` would then fail. At the very end the process leaves through
 `afm.hard_exit` (atexit handlers run, native teardown skipped): Ray's C++ threads outlive `ray.shutdown()` and
 would otherwise race the interpreter's teardown (docs/reliability.md, "Exit crash")."""
 from __future__ import annotations
@@ -39,6 +39,17 @@ def s3_env(moto_endpoint, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+
+@pytest.fixture(scope="session")
+def smoke_pipeline(tmp_path_factory):
+    """The smoke pipeline's failed run and its resumed re-run, once per session (tests/smoke_pipeline.py): the
+    flow suite checks the resume, the reliability suite the canaries and sockets of the same two runs."""
+    from tests.smoke_pipeline import remove, run_smoke_pipeline
+
+    runs = run_smoke_pipeline(tmp_path_factory.mktemp("smoke"))
+    yield runs
+    remove(runs)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -3,7 +3,8 @@ included); after a failure in the middle stage (SFT, here given a dataset file i
 re-run resumes: distill, the base policy and the pretrained base come from their manifests and are not redone.
 
 The pipeline runs in subprocesses (as `make run` does), so the Ray and Ray Train sessions it starts never
-leak into the test process."""
+leak into the test process. The two runs are the session's `smoke_pipeline` fixture (tests/smoke_pipeline.py),
+which tests/reliability/test_secrets.py scans too."""
 from __future__ import annotations
 
 import ast
@@ -12,8 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.flows.conftest import SMOKE_OVERRIDES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -25,42 +24,36 @@ def run_cli(afm_home, args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True, timeout=1200)
 
 
-def run_pipeline(afm_home, extra: list[str]) -> subprocess.CompletedProcess:
-    args = ["pipeline", "--config", "configs/default.yaml"]
-    for override in SMOKE_OVERRIDES + extra:
-        args += ["--set", override]
-    return run_cli(afm_home, args)
-
-
 def summary_field(output: str, name: str) -> str:
     """A field of the "Pipeline finished:" summary (printed through Prefect's logger, i.e. on stderr)."""
     line = next(line for line in output.splitlines() if line.strip().startswith(f"{name}:"))
     return line.split(":", 1)[1].strip()
 
 
-def test_pipeline_resumes_after_failure_in_middle_stage(tmp_path):
-    home = tmp_path / "afm"
-    failed = run_pipeline(home, ["sft.dataset_file=missing.jsonl"])
-    assert failed.returncode != 0
-    assert "missing.jsonl" in failed.stdout + failed.stderr
-    stages = home / "artifacts" / "stages"
-    done = sorted(d.name.split("-")[0] for d in stages.iterdir() if (d / "manifest.json").is_file())
+def test_pipeline_resumes_after_failure_in_middle_stage(smoke_pipeline):
+    runs = smoke_pipeline  # the session's smoke runs (tests/smoke_pipeline.py): SFT fails, then the re-run resumes
+    home = runs.home
+    assert runs.failed.returncode != 0
+    assert "missing.jsonl" in runs.failed.output
+    done = sorted(name.split("-")[0] for name, complete in runs.stages_after_failure.items() if complete)
     assert done == ["distill", "policy", "pretrain"], "only the stages before the failure are complete"
-    assert not [d for d in stages.iterdir() if d.name.startswith("sft-")], "a failed stage leaves no artifact"
-    distill_manifest = next(stages.glob("distill-*/manifest.json")).read_bytes()
+    assert not [name for name in runs.stages_after_failure if name.startswith("sft-")], \
+        "a failed stage leaves no artifact"
+    stages = home / "artifacts" / "stages"
 
-    resumed = run_pipeline(home, [])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "stages")) == {
+    resumed = runs.resumed
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert ast.literal_eval(summary_field(resumed.output, "stages")) == {
         "distill": "cached", "sft": "ran", "rl": "ran", "eval": "ran"}
-    assert next(stages.glob("distill-*/manifest.json")).read_bytes() == distill_manifest, "distill was redone"
-    assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "registered")) == {
+    assert next(stages.glob("distill-*/manifest.json")).read_bytes() == runs.distill_manifest_after_failure, \
+        "distill was redone"
+    assert ast.literal_eval(summary_field(resumed.output, "registered")) == {
         "sft": "models:/afm-sft/1", "rl": "models:/afm-rl/1"}
-    assert ast.literal_eval(summary_field(resumed.stdout + resumed.stderr, "promotion"))["alias"] == "champion"
-    assert "/artifacts/stages/pretrain-" in summary_field(resumed.stdout + resumed.stderr, "pretrained")
+    assert ast.literal_eval(summary_field(resumed.output, "promotion"))["alias"] == "champion"
+    assert "/artifacts/stages/pretrain-" in summary_field(resumed.output, "pretrained")
     for stage in ("distill", "policy", "pretrain", "sft", "rl", "eval"):
         assert len(list(stages.glob(f"{stage}-*/manifest.json"))) == 1, stage
-    check_pipeline_runs(home, summary_field(resumed.stdout + resumed.stderr, "pipeline_run"))
+    check_pipeline_runs(home, summary_field(resumed.output, "pipeline_run"))
     chain = run_cli(home, ["lineage", "models:/afm-rl/1"])
     assert chain.returncode == 0, chain.stderr[-2000:]
     assert "models:/afm-sft/1" in chain.stdout and "models:/afm-base/1" in chain.stdout, "RL -> SFT -> base"

@@ -1,112 +1,36 @@
 """Secrets and network exposure: canary credentials in the environment of a real pipeline run never reach any
 file the run writes, and every server the platform starts binds 127.0.0.1.
 
-The slow test runs the smoke pipeline ONCE (distill -> pretrain -> sft -> rl -> eval, ~1.5 min) with canary values in
+The slow tests read the session's smoke runs (tests/smoke_pipeline.py: the smoke pipeline failing in SFT, then
+its resumed re-run, distill -> pretrain -> sft -> rl -> eval, ~2 min in all) with canary values in
 OPENAI_API_KEY, AFM_LLM_API_KEY, SERPER_API_KEY and AWS_SECRET_ACCESS_KEY, PREFECT_HOME and RAY_TMPDIR pointed
-into the run's own directories, stdout/stderr captured to files; then greps every file (MLflow's db and
+into the runs' own directories, stdout/stderr captured to files; they grep every file (MLflow's db and
 artifacts, the artifact store, work dirs, Prefect's db, Ray's session logs, the captured output) for the
-canaries. While it runs it samples the listening TCP sockets of the run's process tree (`ss -ltnp`).
+canaries, and check the listening TCP sockets sampled from both runs' process trees (`ss -ltnp`).
 
     .venv/bin/pytest tests/reliability/test_secrets.py -q            # fast bind checks only with -m "not slow"
 """
 from __future__ import annotations
-
-import re
-import secrets
-import shutil
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
 from afm.stack import StackConfig, _commands
 from problems.miniweb import MiniWeb
 from serving.app import ServeConfig
-from tests.flows.conftest import SMOKE_OVERRIDES
-from tests.reliability.conftest import AFM_BIN, REPO, base_env
+from tests.reliability.conftest import AFM_BIN
 
-# The flow tests' smallest recipe: every stage runs for real, in the least time (the canaries and the sockets
-# do not depend on how long each stage trains).
-SMOKE_ARGS = ["pipeline", "--config", "configs/default.yaml", *(arg for o in SMOKE_OVERRIDES for arg in ("--set", o))]
 LOOPBACK = ("127.0.0.1", "[::1]", "::1")
 # Ray's GCS/raylet/object manager listen on the node IP whatever ray.init is told (see docs/reliability.md).
 RAY_PROCESSES = ("gcs_server", "raylet", "ray::", "default_worker", "dashboard", "runtime_env", "log_monitor",
                  "monitor.py", "ray_client_server", "agent")
 
 
-def _canaries() -> dict[str, str]:
-    token = secrets.token_hex(12)
-    return {"OPENAI_API_KEY": f"sk-canary-{token}", "AFM_LLM_API_KEY": f"afm-canary-{token}",
-            "SERPER_API_KEY": f"serper-canary-{token}", "AWS_SECRET_ACCESS_KEY": f"aws-canary-{token}"}
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        found.add(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def _listeners(pids: set[int]) -> set[tuple[str, str]]:
-    """{(local address, process name)} of LISTEN TCP sockets owned by `pids`."""
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
-    found = set()
-    for line in out.splitlines():
-        parts = line.split()
-        for name, pid in re.findall(r'\("([^"]+)",pid=(\d+)', line):
-            if int(pid) in pids:
-                found.add((parts[3].rsplit(":", 1)[0], _cmdline(int(pid)) or name))
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return ""
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """Run the smoke pipeline once; yields (exit code, directories to scan, canaries, listeners seen)."""
-    home = tmp_path_factory.mktemp("secrets") / "afm_home"
-    (home / "prefect").mkdir(parents=True)
-    ray_tmp = Path(tempfile.mkdtemp(prefix="afmray-", dir="/tmp"))  # short: Ray's socket paths are length-limited
-    canaries = _canaries()
-    env = {**base_env(home), **canaries, "PREFECT_HOME": str(home / "prefect"), "RAY_TMPDIR": str(ray_tmp)}
-    logs = home / "logs"
-    logs.mkdir()
-    listeners: set[tuple[str, str]] = set()
-    with open(logs / "stdout.txt", "w") as out, open(logs / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([str(AFM_BIN), *SMOKE_ARGS], cwd=REPO, env=env, stdout=out, stderr=err)
-        deadline = time.monotonic() + 900
-        while proc.poll() is None and time.monotonic() < deadline:
-            listeners |= _listeners(_descendants(proc.pid))
-            time.sleep(1.0)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    yield proc.returncode, [home, ray_tmp], canaries, listeners
-    shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
 @pytest.mark.slow
 @pytest.mark.integration
-def test_canary_secrets_never_reach_any_output_file(smoke_run):
-    code, roots, canaries, _ = smoke_run
-    home = roots[0]
-    assert code == 0, (home / "logs" / "stderr.txt").read_text()[-3000:]
+def test_canary_secrets_never_reach_any_output_file(smoke_pipeline):
+    runs = smoke_pipeline  # a failed run and its resumed re-run, canaries in both runs' environment
+    assert runs.failed.returncode != 0 and runs.resumed.returncode == 0, runs.resumed.output[-3000:]
+    roots = [runs.home, runs.ray_tmp]
     files = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     names = {p.name for p in files}
     # The scan covers what it claims to: tracking db, Prefect db, the store's manifests, the captured output.
@@ -115,15 +39,15 @@ def test_canary_secrets_never_reach_any_output_file(smoke_run):
     leaks = []
     for path in files:
         data = path.read_bytes()
-        leaks += [f"{path}: {var}" for var, value in canaries.items() if value.encode() in data]
+        leaks += [f"{path}: {var}" for var, value in runs.canaries.items() if value.encode() in data]
     assert leaks == [], leaks
     assert len(files) > 50
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_servers_started_by_the_pipeline_bind_loopback(smoke_run):
-    _, _, _, listeners = smoke_run
+def test_servers_started_by_the_pipeline_bind_loopback(smoke_pipeline):
+    listeners = smoke_pipeline.listeners
     print("\n".join(f"{addr}  {cmd}" for addr, cmd in sorted(listeners)))  # shown with -rP: the measured listeners
     assert any("prefect" in cmd or "uvicorn" in cmd for _, cmd in listeners), listeners  # the ephemeral API server
     assert _exposed(listeners) == set(), _exposed(listeners)
