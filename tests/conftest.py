@@ -1,8 +1,9 @@
 """Suite-wide fixtures: a real moto S3 server on 127.0.0.1 (free port) with boto3 pointed at it, the smoke
 pipeline's two runs shared by the flow and reliability suites, and isolation: a test module that leaves a Ray
-session running (e.g. a flow whose stages call ray.init) must not leak it into the next module, whose own `ray.init` would then fail. At the very end the process leaves through
-`afm.hard_exit` (atexit handlers run, native teardown skipped): Ray's C++ threads outlive `ray.shutdown()` and
-would otherwise race the interpreter's teardown (docs/reliability.md, "Exit crash")."""
+session running (e.g. a flow whose stages call ray.init) must not leak it into the next module, whose own
+`ray.init` would then fail. At the very end the process leaves through `afm.hard_exit` (atexit handlers run,
+native teardown skipped): Ray's C++ threads outlive `ray.shutdown()` and would otherwise race the interpreter's
+teardown (docs/reliability.md, "Exit crash")."""
 from __future__ import annotations
 
 import socket
@@ -45,11 +46,13 @@ def s3_env(moto_endpoint, monkeypatch):
 def smoke_pipeline(tmp_path_factory):
     """The smoke pipeline's failed run and its resumed re-run, once per session (tests/smoke_pipeline.py): the
     flow suite checks the resume, the reliability suite the canaries and sockets of the same two runs."""
-    from tests.smoke_pipeline import remove, run_smoke_pipeline
+    import shutil
+
+    from tests.smoke_pipeline import run_smoke_pipeline
 
     runs = run_smoke_pipeline(tmp_path_factory.mktemp("smoke"))
     yield runs
-    remove(runs)
+    shutil.rmtree(runs.ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")

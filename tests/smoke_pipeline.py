@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import re
 import secrets
-import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.flows.conftest import SMOKE_OVERRIDES
@@ -45,7 +44,7 @@ class SmokeRuns:
     resumed: Run
     stages_after_failure: dict[str, bool]  # artifacts/stages/ after the failed run: directory -> has a manifest
     distill_manifest_after_failure: bytes
-    listeners: set[tuple[str, str]] = field(default_factory=set)  # {(local address, command line)} of both runs
+    listeners: set[tuple[str, str]]  # {(local address, command line)} of both runs
 
 
 def canaries() -> dict[str, str]:
@@ -68,10 +67,6 @@ def run_smoke_pipeline(root: Path) -> SmokeRuns:
     distill_bytes = distill.read_bytes() if distill else b""
     resumed = _run(SMOKE_ARGS, env, home / "logs" / "resumed", listeners)
     return SmokeRuns(home, ray_tmp, secrets_env, failed, resumed, after_failure, distill_bytes, listeners)
-
-
-def remove(runs: SmokeRuns) -> None:
-    shutil.rmtree(runs.ray_tmp, ignore_errors=True)
 
 
 def _run(args: list[str], env: dict[str, str], logs: Path, listeners: set[tuple[str, str]]) -> Run:
