@@ -1,12 +1,13 @@
-"""Sandbox throughput: programs/s of the previous sandbox (read-only host root, host workdir, rlimits only) and
-of the current one (minimal root, tmpfs workdir, cgroup per run), side by side in one process, on a trivial
-program and on a reward-like one (a HumanEval check program with the canonical solution, as the RL reward and
-the evaluation run it). Rounds alternate old/new so machine load hits both alike: the ratio is the median of the
-per-round new/old ratios (each pair ran back to back), the rates are the median rounds.
+"""Sandbox throughput: programs/s of two earlier sandboxes and of the current one, side by side in one process,
+on a trivial program and on a reward-like one (a HumanEval check program with the canonical solution, as the RL
+reward and the evaluation run it). The earlier ones: `old`, the read-only host root (host workdir, rlimits
+only), and `polled`, the current design before its exit was awaited on a pidfd and the editable install's .pth
+was covered (Popen.wait polling, the finder imported at every start). Rounds rotate through the three so machine
+load hits all alike: a ratio is the median of the per-round ratios, the rates are the median rounds.
 Appends JSON lines to bench/results/sandbox.jsonl:
     {"bench": "sandbox", "metric", "value", "target", "unit", "detail"}
 
-The previous implementation is loaded from git (OLD_COMMIT:agents/tools/sandbox.py) into a temporary module.
+The earlier implementations are loaded from git (<commit>:agents/tools/sandbox.py) into temporary modules.
 
 Run:  .venv/bin/python bench/bench_sandbox.py [--rounds 5] [--programs 10]
 """
@@ -30,8 +31,11 @@ from agents.tools import sandbox as new_sandbox  # noqa: E402
 from problems.humaneval import humaneval_check_program, humaneval_problems  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "sandbox.jsonl"
-OLD_COMMIT = "eb63f3424ffc749e617b1d16fe5ade212ef3f402"  # last commit of the read-only-root sandbox
-TARGET_RATIO = 0.8  # the new sandbox may cost at most 20% of the reward throughput
+BASELINES = {"old": "eb63f3424ffc749e617b1d16fe5ade212ef3f402",  # last commit of the read-only-root sandbox
+             "polled": "d86ae25b7f18d86bf3e8fa52970b4dd9c0438819"}  # last commit before the pidfd wait
+# the minimal root may cost at most 20% of the old sandbox's reward throughput; the pidfd wait and the covered
+# .pth are there for speed, so they must at least not be slower than the polled sandbox
+TARGETS = {"old": 0.8, "polled": 1.0}
 
 
 def emit(metric: str, value: float, target: float | None, unit: str, detail: dict) -> dict:
@@ -44,14 +48,14 @@ def emit(metric: str, value: float, target: float | None, unit: str, detail: dic
     return row
 
 
-def load_old_sandbox(workdir: Path):
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:agents/tools/sandbox.py"], cwd=ROOT, check=True,
+def load_sandbox(name: str, commit: str, workdir: Path):
+    source = subprocess.run(["git", "show", f"{commit}:agents/tools/sandbox.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
-    path = workdir / "old_sandbox.py"
+    path = workdir / f"{name}_sandbox.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("old_sandbox", path)
+    spec = importlib.util.spec_from_file_location(f"{name}_sandbox", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["old_sandbox"] = module  # dataclasses look the module up while building SandboxResult
+    sys.modules[f"{name}_sandbox"] = module  # dataclasses look the module up while building SandboxResult
     spec.loader.exec_module(module)
     # PROJECT_ROOT derives from the file's location: point it (and the hidden paths) at the real checkout
     module.PROJECT_ROOT = ROOT
@@ -72,10 +76,12 @@ def rate(module, programs: list[str]) -> float:
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5, help="alternating old/new rounds; the median counts")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of old, polled, new; the median counts")
     ap.add_argument("--programs", type=int, default=10, help="programs per round and implementation")
     args = ap.parse_args(argv)
-    old_sandbox = load_old_sandbox(Path(tempfile.mkdtemp(prefix="bench-sandbox-")))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-sandbox-"))
+    sandboxes = {name: load_sandbox(name, commit, workdir) for name, commit in BASELINES.items()}
+    sandboxes["new"] = new_sandbox
     problems = humaneval_problems()[: args.programs]
     workloads = {
         "trivial": ["print(1)"] * args.programs,
@@ -83,20 +89,23 @@ def main(argv: list[str]) -> None:
     }
     probe = new_sandbox.run_python("x = bytearray(50 * 1024 * 1024)", new_sandbox.SandboxLimits(timeout_s=10))
     for name, programs in workloads.items():
-        rate(old_sandbox, programs[:2]), rate(new_sandbox, programs[:2])  # warm the page cache for both
-        rounds = {"old": [], "new": []}
+        for module in sandboxes.values():
+            rate(module, programs[:2])  # warm the page cache for each
+        rounds = {impl: [] for impl in sandboxes}
         for _ in range(args.rounds):
-            rounds["old"].append(rate(old_sandbox, programs))
-            rounds["new"].append(rate(new_sandbox, programs))
-        old, new = statistics.median(rounds["old"]), statistics.median(rounds["new"])
-        paired = statistics.median(n / o for n, o in zip(rounds["new"], rounds["old"]))
-        detail = {"ratio_of_medians": round(new / old, 3), "programs_per_round": len(programs), "rounds": args.rounds,
-                  "old_rounds": [round(r, 2) for r in rounds["old"]], "new_rounds": [round(r, 2) for r in rounds["new"]],
-                  "old_commit": OLD_COMMIT[:10], "cgroup": probe.cgroup, "cpus": os.cpu_count(),
-                  "load_avg_1min": round(os.getloadavg()[0], 2)}
-        emit(f"programs_per_s_old_{name}", old, None, "programs/s", detail)
-        emit(f"programs_per_s_new_{name}", new, None, "programs/s", detail)
-        emit(f"new_over_old_{name}", paired, TARGET_RATIO, "ratio", detail)
+            for impl, module in sandboxes.items():
+                rounds[impl].append(rate(module, programs))
+        medians = {impl: statistics.median(r) for impl, r in rounds.items()}
+        detail = {"programs_per_round": len(programs), "rounds": args.rounds,
+                  **{f"{impl}_rounds": [round(r, 2) for r in rounds[impl]] for impl in sandboxes},
+                  **{f"{impl}_commit": commit[:10] for impl, commit in BASELINES.items()},
+                  "cgroup": probe.cgroup, "cpus": os.cpu_count(), "load_avg_1min": round(os.getloadavg()[0], 2)}
+        for impl in sandboxes:
+            emit(f"programs_per_s_{impl}_{name}", medians[impl], None, "programs/s", detail)
+        for base in BASELINES:
+            paired = statistics.median(n / o for n, o in zip(rounds["new"], rounds[base]))
+            emit(f"new_over_{base}_{name}", paired, TARGETS[base], "ratio",
+                 {**detail, "ratio_of_medians": round(medians["new"] / medians[base], 3)})
     emit("peak_memory_50mib_program", (probe.peak_memory_bytes or 0) / 2**20, None, "MiB",
          {"status": probe.status, "cgroup": probe.cgroup,
           "note": "cgroup peak of the whole tree (bwrap, python, tmpfs pages) for a program holding 50 MiB"})
