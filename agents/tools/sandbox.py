@@ -71,9 +71,9 @@ import functools
 import os
 import platform
 import select
-import site
 import shutil
 import signal
+import site
 import subprocess
 import struct
 import sys
