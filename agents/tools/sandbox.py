@@ -11,10 +11,11 @@ What it does (with bubblewrap, the default when `bwrap` is on PATH; we run it as
 - a MINIMAL root: an empty tmpfs holding only read-only binds of /usr/bin, /usr/lib, /usr/lib64 (+ the /bin,
   /lib, /lib64 links), /etc/ld.so.cache and the Python prefixes (the venv, the base interpreter). No host /,
   no project checkout, no /root or $HOME beyond the interpreter's own directory, no /run, /var, /sys, /home,
-  no other /etc file: a host file or socket outside those binds does not exist inside. The venv's editable
-  install's .pth files (`__editable__*.pth`, a finder pointing at the checkout) are covered by /dev/null, which
-  reads as permission denied on the nodev bind, so `site` skips them: project code cannot be imported, and the
-  interpreter starts in ~10 ms instead of ~28 (the finder's imports were most of a trivial run's startup).
+  no other /etc file: a host file or socket outside those binds does not exist inside. The checkout is not
+  bound, so project code cannot be imported. The venv's editable-install .pth files (`__editable__*.pth`, whose
+  finder points at that checkout) are covered by /dev/null, which reads as permission denied on the nodev bind,
+  so `site` skips them: a speed measure, not a barrier (their finder's imports were ~20 ms of the interpreter's
+  ~28-ms start).
   Binds are nosuid,nodev (bwrap's default), so setuid binaries in /usr/bin do not raise privileges.
 - /tmp is a fresh tmpfs of `tmpfs_mb`, holding the working directory /tmp/work (the same path on every run, so
   tracebacks are reproducible); the script is copied into it from a memfd (`bwrap --file`), nothing is written on
@@ -96,7 +97,7 @@ MIB = 1024 * 1024
 class SandboxLimits(Config):
     """Limits for one sandboxed run."""
 
-    timeout_s: float = Field(30.0, description="Wall clock limit; the whole tree is SIGKILLed after it (AFM: 30 s)")
+    timeout_s: float = Field(30.0, gt=0, description="Wall clock limit; the whole tree is SIGKILLed after it (AFM: 30 s)")
     cpu_s: int = Field(30, description="RLIMIT_CPU seconds per process (SIGXCPU when exceeded)")
     memory_mb: int = Field(1024, description="Memory of the whole process tree (cgroup) and RLIMIT_AS per process")
     max_output_chars: int = Field(8000, description="Bytes of stdout and of stderr kept each (head + tail)")
@@ -302,15 +303,16 @@ def _root_binds() -> tuple[str, ...]:
         args += ["--perms", "0755", "--dir", parent]
     for kind, path in binds:
         args += ["--symlink", os.readlink(path), path] if kind == "--symlink" else ["--ro-bind", path, path]
-    for pth in _editable_pth_files():
-        args += ["--ro-bind", "/dev/null", pth]
     return tuple(args)
 
 
-def _editable_pth_files() -> list[str]:
-    """The editable install's .pth files in the interpreter's site-packages (`pip install -e .` writes
-    `__editable__.<project>.pth`): inside the sandbox they would import a finder for paths that are not there."""
-    return sorted(str(p) for d in site.getsitepackages() for p in Path(d).glob("__editable__*.pth"))
+def _editable_pth_covers() -> list[str]:
+    """bwrap arguments covering the editable install's .pth files in the interpreter's site-packages
+    (`pip install -e .` writes `__editable__.<project>.pth`) with /dev/null: inside, they would import a finder
+    for a checkout that is not there. Globbed at every run, not cached with the root: a reinstall under another
+    version renames the file, and a bind onto a missing file fails the run."""
+    files = sorted(str(p) for d in site.getsitepackages() for p in Path(d).glob("__editable__*.pth"))
+    return [arg for pth in files for arg in ("--ro-bind", "/dev/null", pth)]
 
 
 # seccomp deny-list (x86_64): creating namespaces (an unprivileged user namespace would hand the program
@@ -357,6 +359,7 @@ def _bwrap_command(script_fd: int, seccomp_fd: int | None, limits: SandboxLimits
             # /tmp first: a venv under /tmp (a CI clone in /tmp/...) is then bound on top of the fresh tmpfs
             # instead of being covered by it
             "--size", str(limits.tmpfs_mb * MIB), "--perms", "1777", "--tmpfs", "/tmp", *_root_binds(),
+            *_editable_pth_covers(),
             "--perms", "0777", "--dir", INNER_WORKDIR,
             "--perms", "0644", "--file", str(script_fd), f"{INNER_WORKDIR}/main.py",
             "--proc", "/proc", "--dev", "/dev",  # /dev before /dev/shm: --dev mounts a fresh /dev over it
@@ -462,9 +465,9 @@ def _signal_from_exit(returncode: int) -> int:
 
 
 def _exited_within(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait for `proc` to exit, at most `timeout_s`; True if it did. Blocks on a pidfd, which wakes at the exit
-    itself: Popen.wait(timeout) polls with sleeps of up to 50 ms, ~25 ms of a ~65-ms trivial run. Kernels before
-    Linux 5.3 have no pidfd_open: there it polls."""
+    """Wait for `proc` to exit, at most `timeout_s` (> 0); True if it did. Blocks on a pidfd, which wakes at the
+    exit itself: Popen.wait(timeout) polls with sleeps of up to 50 ms, ~25 ms of a ~65-ms trivial run. Where
+    pidfd_open fails (kernels before Linux 5.3, a container's seccomp profile refusing it) it polls."""
     try:
         pidfd = os.pidfd_open(proc.pid)
     except OSError:
@@ -476,7 +479,7 @@ def _exited_within(proc: subprocess.Popen, timeout_s: float) -> bool:
     try:
         poller = select.poll()  # not select.select: a Ray actor's descriptors can be numbered past FD_SETSIZE
         poller.register(pidfd, select.POLLIN)
-        exited = bool(poller.poll(timeout_s * 1000))
+        exited = bool(poller.poll(min(timeout_s * 1000, 2**31 - 1)))  # poll takes ms up to INT_MAX
     finally:
         os.close(pidfd)
     if exited:
