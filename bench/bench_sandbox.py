@@ -3,7 +3,8 @@ on a trivial program and on a reward-like one (a HumanEval check program with th
 reward and the evaluation run it). The earlier ones: `old`, the read-only host root (host workdir, rlimits
 only), and `polled`, the current design before its exit was awaited on a pidfd and the editable install's .pth
 was covered (Popen.wait polling, the finder imported at every start). Each round runs the three in turn (old,
-polled, new) so machine load hits all alike: a ratio is the median of the per-round ratios, the rates are the median rounds.
+polled, new) so machine load hits all alike: a ratio is the median of the per-round ratios, the rates are the
+median rounds.
 Appends JSON lines to bench/results/sandbox.jsonl:
     {"bench": "sandbox", "metric", "value", "target", "unit", "detail"}
 

@@ -97,7 +97,8 @@ MIB = 1024 * 1024
 class SandboxLimits(Config):
     """Limits for one sandboxed run."""
 
-    timeout_s: float = Field(30.0, gt=0, description="Wall clock limit; the whole tree is SIGKILLed after it (AFM: 30 s)")
+    timeout_s: float = Field(30.0, gt=0,
+                             description="Wall clock limit; the whole tree is SIGKILLed after it (AFM: 30 s)")
     cpu_s: int = Field(30, description="RLIMIT_CPU seconds per process (SIGXCPU when exceeded)")
     memory_mb: int = Field(1024, description="Memory of the whole process tree (cgroup) and RLIMIT_AS per process")
     max_output_chars: int = Field(8000, description="Bytes of stdout and of stderr kept each (head + tail)")

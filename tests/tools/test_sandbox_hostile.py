@@ -65,7 +65,8 @@ def test_same_program_same_output():
     assert 'File "/tmp/work/main.py", line 3' in first.stderr
 
 
-@pytest.mark.skipif(not sandbox._editable_pth_covers(), reason="no editable install in this interpreter's site-packages")
+@pytest.mark.skipif(not sandbox._editable_pth_covers(),
+                    reason="no editable install in this interpreter's site-packages")
 def test_editable_install_finder_is_not_loaded_inside():
     """The editable install's .pth (a finder for the checkout) is covered, so `site` never imports it; the venv's
     packages still import (numpy: test_legitimate_programs_still_work)."""

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -34,8 +35,8 @@ def test_exit_and_timeout(pidfd, monkeypatch):
 
 def test_a_child_that_exited_before_the_wait_is_reaped_with_its_status():
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    while not os.path.exists(f"/proc/{child.pid}") or open(f"/proc/{child.pid}/stat").read().split()[2] != "Z":
-        time.sleep(0.01)  # a zombie: exited, not yet reaped
+    while Path(f"/proc/{child.pid}/stat").read_text().split()[2] != "Z":  # exited, not yet reaped: a zombie
+        time.sleep(0.01)
     fds_before = len(os.listdir("/proc/self/fd"))
     assert sandbox._exited_within(child, 30.0) and child.returncode == 3
     assert len(os.listdir("/proc/self/fd")) == fds_before, "the pidfd was not closed"
