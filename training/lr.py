@@ -1,13 +1,18 @@
 """Learning-rate schedules: linear warmup, then cosine decay to zero, a constant rate, or warmup-stable-decay
-(constant, then linear to zero over the last WSD_DECAY_FRACTION of the steps).
+(constant, then linear to zero over the last WSD_DECAY_FRACTION of the run).
+
+A run has two ends, its step count and (optionally) a time budget; the decay follows whichever is nearer, so a
+run that its time budget stops has annealed by then, as one that reaches its last step has.
 
 Usage:
-    scheduler = warmup_schedule(optimizer, schedule="cosine", warmup_steps=10, total_steps=100)
-    ... optimizer.step(); scheduler.step()   # once per optimizer step
+    time_share = TimeShare(budget_s=540)     # or TimeShare(None): steps only
+    scheduler = warmup_schedule(optimizer, "wsd", warmup_steps=10, total_steps=100, time_share=time_share)
+    ... time_share.spent_s = seconds_trained; optimizer.step(); scheduler.step()   # once per optimizer step
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -21,21 +26,38 @@ Schedule = Literal["cosine", "constant", "wsd"]
 WSD_DECAY_FRACTION = 0.2
 
 
-def lr_multiplier(step: int, schedule: Schedule, warmup_steps: int, total_steps: int) -> float:
+@dataclass
+class TimeShare:
+    """How much of a time budget a run has spent. The trainer sets `spent_s` (the same value on every rank) before
+    each optimizer step; the scheduler reads `fraction` when it steps."""
+
+    budget_s: float | None  # None: no time budget, the step count alone ends the run
+    spent_s: float = 0.0
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.spent_s / self.budget_s) if self.budget_s else 0.0
+
+
+def lr_multiplier(step: int, schedule: Schedule, warmup_steps: int, total_steps: int, time_fraction: float = 0.0) -> float:
     """Factor on the base LR at optimizer step `step` (0-based): ramps (step+1)/warmup, then cosine, flat, or
-    flat then a linear decay (wsd). A run stopped early (a time budget) never reaches wsd's decay."""
+    flat then a linear decay (wsd). `time_fraction` (the share of a time budget spent) counts as progress too:
+    the factor is the smaller of the step schedule's and the same schedule over time, so while the steps lead
+    (a fast machine) the time budget changes nothing."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
     if schedule == "wsd":
         decay_start = int((1.0 - WSD_DECAY_FRACTION) * total_steps)
-        return 1.0 if step < decay_start else max(0.0, (total_steps - step) / max(1, total_steps - decay_start))
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        by_steps = 1.0 if step < decay_start else max(0.0, (total_steps - step) / max(1, total_steps - decay_start))
+        by_time = min(1.0, (1.0 - time_fraction) / WSD_DECAY_FRACTION)
+        return min(by_steps, by_time)
+    progress = max(min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)), time_fraction)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def warmup_schedule(
-    optimizer: torch.optim.Optimizer, schedule: Schedule, warmup_steps: int, total_steps: int
-) -> LambdaLR:
-    return LambdaLR(optimizer, lambda step: lr_multiplier(step, schedule, warmup_steps, total_steps))
+def warmup_schedule(optimizer: torch.optim.Optimizer, schedule: Schedule, warmup_steps: int, total_steps: int,
+                    time_share: TimeShare | None = None) -> LambdaLR:
+    share = time_share or TimeShare(None)
+    return LambdaLR(optimizer, lambda step: lr_multiplier(step, schedule, warmup_steps, total_steps, share.fraction))

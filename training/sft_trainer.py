@@ -27,7 +27,9 @@ Exact resume: a checkpoint holds model, optimizer, scheduler, RNG, and the step;
 depends only on (seed, epoch), so `step` alone fixes the data position. Continuing from a checkpoint gives
 the same losses as never stopping (tests/sft/test_resume.py kills a real run with SIGKILL). A local job
 started again after a crash resumes from `<output_dir>/checkpoints` in a NEW MLflow run (the killed run stays
-RUNNING); Ray Train worker restarts (`max_failures`) stay inside the driver's one run.
+RUNNING); Ray Train worker restarts (`max_failures`) stay inside the driver's one run. Under a time budget the
+schedule also follows the seconds trained (training/lr.py), so a run whose budget binds is exact up to the time
+each step took.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ from models.policy_tokens import add_coa_special_tokens
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from training.checkpointing import latest_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
 from training.cpu_threads import ThreadChooser
-from training.lr import Schedule, warmup_schedule
+from training.lr import Schedule, TimeShare, warmup_schedule
 from training.parallel import (
     Parallelism, clip_grad_norm, fill_from_rank0, grad_sync, hf_model, parallelize, single_process_group,
 )
@@ -94,7 +96,7 @@ class SFTConfig(Config):
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="Fraction of total steps with linear LR warmup.")
     schedule: Schedule = Field(
         "cosine", description="LR after warmup: cosine decay to 0, constant, or wsd (constant, then linear to 0 over "
-        "the last 20% of the steps; for a run ended by max_steps, since a time budget may stop it before the decay).")
+        "the last 20% of the run). Decays follow the nearer end: the steps or the time budget (training/lr.py).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay on matrices (not on norms or biases).")
     max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
     max_steps: int | None = Field(None, ge=1, description="Optimizer steps to run; None: `epochs` full passes.")
@@ -211,6 +213,7 @@ class TrainParts:
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
+    time_share: TimeShare  # the time budget's share the schedule has seen (the loop sets it each step)
     rows: RowTable  # packed rows of examples, memory-mapped (training/sft_rows.py)
     data: DataReport
     steps_per_epoch: int
@@ -286,7 +289,9 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
         )
     total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
     optimizer = adamw(model, cfg)
-    scheduler = warmup_schedule(optimizer, cfg.schedule, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
+    time_share = TimeShare(cfg.time_budget_s)
+    scheduler = warmup_schedule(optimizer, cfg.schedule, math.ceil(cfg.warmup_ratio * total_steps), total_steps,
+                                time_share)
     # Resume is only exact when the data and the batch geometry are the same as when the checkpoint was made.
     fingerprint = {
         "dataset_digest": dataset_identity(cfg.dataset)[1], "rows": len(rows), "rows_per_step": rows_per_step,
@@ -302,10 +307,11 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
                 f"use a new output_dir/run_name or the original data and batch settings"
             )
         start_step, elapsed_s = state["step"], state["elapsed_s"]
+        time_share.spent_s = elapsed_s
     policy_dtype = torch.bfloat16 if cfg.bf16 and ctx.device.type == "cuda" else torch.float32
     return TrainParts(
-        model, tokenizer, optimizer, scheduler, rows, report, steps_per_epoch, total_steps, start_step, elapsed_s,
-        fingerprint, policy_dtype,
+        model, tokenizer, optimizer, scheduler, time_share, rows, report, steps_per_epoch, total_steps, start_step,
+        elapsed_s, fingerprint, policy_dtype,
     )
 
 
@@ -401,9 +407,12 @@ def train(parts: TrainParts, cfg: SFTConfig, ctx: WorkerContext, logger: Metrics
             order, order_epoch = epoch_row_order(len(parts.rows), cfg.seed, epoch), epoch
         batches, local_tokens = step_micro_batches(parts, cfg, ctx, step, order)
         out_of_time = float(cfg.time_budget_s is not None and elapsed_s >= cfg.time_budget_s)
-        targets, tokens, stop = all_reduce_sum([sum(loss_units(cfg, b) for b in batches), local_tokens, out_of_time], ctx)
+        targets, tokens, stop, elapsed_sum = all_reduce_sum(
+            [sum(loss_units(cfg, b) for b in batches), local_tokens, out_of_time, elapsed_s], ctx)
         if stop:  # every worker sees the same sum, so all stop at the same step
             break
+        # The schedule's time share is the workers' mean: one value on every rank, so every replica steps at one LR.
+        parts.time_share.spent_s = elapsed_sum / ctx.world_size
         threads = chooser.threads_for(step) if chooser is not None else torch.get_num_threads()
         loss_sum, grad_norm = train_step(parts, cfg, ctx, batches, targets)
         (global_loss_sum,) = all_reduce_sum([loss_sum], ctx)

@@ -1,10 +1,12 @@
 """Learning-rate schedules (training/lr.py): warmup, then cosine, constant or warmup-stable-decay (wsd)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from training.lr import WSD_DECAY_FRACTION, lr_multiplier, warmup_schedule
+from training.lr import WSD_DECAY_FRACTION, TimeShare, lr_multiplier, warmup_schedule
 
 
 def test_wsd_is_constant_until_its_decay_then_linear_to_zero():
@@ -35,3 +37,34 @@ def test_scheduler_applies_the_wsd_factor_to_the_optimizer():
         optimizer.step()
         scheduler.step()
     assert rates[:8] == [pytest.approx(0.1)] * 8 and rates[8] == pytest.approx(0.1) and rates[9] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("schedule", ["wsd", "cosine"])
+def test_a_time_budget_that_trails_the_steps_changes_nothing(schedule):
+    total, warmup = 100, 5
+    for step in range(total + 1):
+        # a fast machine: the budget's share spent stays below the steps' share past warmup
+        behind = 0.9 * max(0, step - warmup) / (total - warmup)
+        assert lr_multiplier(step, schedule, warmup, total, behind) == lr_multiplier(step, schedule, warmup, total)
+
+
+def test_a_time_budget_that_leads_decays_the_rate_by_the_seconds():
+    # A slow machine has spent 90% of its budget at step 50 of 100: wsd is half way down its decay by time, where
+    # by steps it would still be flat; cosine reads progress 0.9.
+    assert lr_multiplier(50, "wsd", 5, 100, time_fraction=0.9) == pytest.approx(0.5)
+    assert lr_multiplier(50, "wsd", 5, 100, time_fraction=1.0) == 0.0
+    assert lr_multiplier(50, "cosine", 5, 100, time_fraction=0.9) == pytest.approx(0.5 * (1 + math.cos(0.9 * math.pi)))
+    assert lr_multiplier(50, "constant", 5, 100, time_fraction=0.9) == 1.0
+    assert lr_multiplier(2, "wsd", 5, 100, time_fraction=0.9) == 3 / 5   # warmup stays by steps
+
+
+def test_scheduler_reads_the_time_share_when_it_steps():
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    share = TimeShare(budget_s=100.0)
+    scheduler = warmup_schedule(optimizer, "wsd", warmup_steps=0, total_steps=1000, time_share=share)
+    share.spent_s = 95.0
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.25)
+    assert TimeShare(None, spent_s=5.0).fraction == 0.0 and TimeShare(10.0, spent_s=50.0).fraction == 1.0

@@ -1,8 +1,10 @@
 """SFT trainer: parameters change, pinned loss, gradient accumulation equivalence, MLflow run contents."""
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -65,6 +67,20 @@ def test_mlflow_run_holds_params_metrics_dataset_and_model_version(sft_cfg):
     (output,) = run.outputs.model_outputs
     assert client.get_logged_model(output.model_id).source_run_id == result.run_id
 
+
+
+def test_wsd_decays_by_the_time_budget_when_the_budget_ends_the_run(sft_cfg, monkeypatch):
+    # Each step "takes" 1 s (a fake clock read twice a step). 50 steps would take 50 s; the 20-s budget stops the run
+    # after 20, and the LR decays over its last 20% of seconds instead of staying flat until a step-based decay
+    # the run never reaches. The rate logged after step s is the one for step s + 1, set from the seconds spent
+    # before step s (one step behind: ~0.1 s of a 540-s budget in make run).
+    clock = itertools.count()
+    monkeypatch.setattr(sft_trainer, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    sft_cfg.max_steps, sft_cfg.time_budget_s, sft_cfg.schedule, sft_cfg.warmup_ratio = 50, 20.0, "wsd", 0.0
+    result = run_sft_local(sft_cfg)
+    assert result.steps == 20
+    history = sorted(MlflowClient().get_metric_history(result.run_id, "lr"), key=lambda m: m.step)
+    assert [m.value / sft_cfg.lr for m in history] == pytest.approx([1.0] * 17 + [0.75, 0.5, 0.25])
 
 
 def test_a_step_that_overruns_the_time_budget_ends_the_run_cleanly(sft_cfg, monkeypatch):
