@@ -37,8 +37,9 @@ policy, data, seconds, flush = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys
 import models.policy
 if not flush:  # load_policy turns flushing on; this round keeps the hardware default instead
     models.policy.flush_denormals = lambda: None
+# constant: the rate the default's wsd has in a round this short (a time-budgeted wsd would decay within it)
 cfg = SFTConfig(model_path=policy, dataset=data, dataset_file=data.rsplit("/", 1)[-1], max_len=1024, pack=True,
-                micro_batch=2, lr=3e-3, schedule="wsd", max_steps=4300, time_budget_s=seconds, cpu_threads=2,
+                micro_batch=2, lr=3e-3, schedule="constant", max_steps=4300, time_budget_s=seconds, cpu_threads=2,
                 checkpoint_every=10**6, output_dir=tempfile.mkdtemp(), seed=0)
 history = MetricsHistory()
 run_sft_worker(cfg, 0, 1, torch.device("cpu"), history)

@@ -2,7 +2,9 @@
 (constant, then linear to zero over the last WSD_DECAY_FRACTION of the run).
 
 A run has two ends, its step count and (optionally) a time budget; the decay follows whichever is nearer, so a
-run that its time budget stops has annealed by then, as one that reaches its last step has.
+run that its time budget stops has annealed by then, as one that reaches its last step has. The trainer sets
+the share before each step and the scheduler steps after it, so the rate of step s+1 follows the seconds spent
+before step s: the last step of a budgeted run trains at ~10 x step time / budget (0.002 x in make run's SFT).
 
 Usage:
     time_share = TimeShare(budget_s=540)     # or TimeShare(None): steps only
@@ -39,22 +41,36 @@ class TimeShare:
         return min(1.0, self.spent_s / self.budget_s) if self.budget_s else 0.0
 
 
+def decayed_by_time(schedule: Schedule, time_fraction: float, warmup_share: float) -> float:
+    """The schedule's factor over the time budget alone: wsd flat, then linear to 0 over its last
+    WSD_DECAY_FRACTION; cosine over the share past warmup's (`warmup_share` of the steps; warmup's seconds count
+    as the steps do); constant 1."""
+    if schedule == "wsd":
+        return min(1.0, (1.0 - time_fraction) / WSD_DECAY_FRACTION)
+    if schedule == "cosine":
+        # a warmup as long as the run leaves nothing to decay
+        progress = 0.0 if warmup_share >= 1.0 else max(0.0, (time_fraction - warmup_share) / (1.0 - warmup_share))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
 def lr_multiplier(step: int, schedule: Schedule, warmup_steps: int, total_steps: int, time_fraction: float = 0.0) -> float:
     """Factor on the base LR at optimizer step `step` (0-based): ramps (step+1)/warmup, then cosine, flat, or
-    flat then a linear decay (wsd). `time_fraction` (the share of a time budget spent) counts as progress too:
-    the factor is the smaller of the step schedule's and the same schedule over time, so while the steps lead
-    (a fast machine) the time budget changes nothing."""
+    flat then a linear decay (wsd). `time_fraction` (the share of a time budget spent, clamped to [0, 1]) counts
+    as progress too: the factor is the smaller of the step schedule's and the same schedule over time
+    (`decayed_by_time`; it caps the warmup ramp as well), so while the steps lead the budget changes nothing."""
+    time_fraction = min(1.0, max(0.0, time_fraction))
+    by_time = decayed_by_time(schedule, time_fraction, warmup_steps / total_steps if total_steps else 0.0)
     if step < warmup_steps:
-        return (step + 1) / warmup_steps
+        return min((step + 1) / warmup_steps, by_time)
     if schedule == "constant":
         return 1.0
     if schedule == "wsd":
         decay_start = int((1.0 - WSD_DECAY_FRACTION) * total_steps)
         by_steps = 1.0 if step < decay_start else max(0.0, (total_steps - step) / max(1, total_steps - decay_start))
-        by_time = min(1.0, (1.0 - time_fraction) / WSD_DECAY_FRACTION)
         return min(by_steps, by_time)
-    progress = max(min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)), time_fraction)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min(0.5 * (1.0 + math.cos(math.pi * progress)), by_time)
 
 
 def warmup_schedule(optimizer: torch.optim.Optimizer, schedule: Schedule, warmup_steps: int, total_steps: int,

@@ -307,7 +307,6 @@ def setup(cfg: SFTConfig, ctx: WorkerContext, work_dir: Path) -> TrainParts:
                 f"use a new output_dir/run_name or the original data and batch settings"
             )
         start_step, elapsed_s = state["step"], state["elapsed_s"]
-        time_share.spent_s = elapsed_s
     policy_dtype = torch.bfloat16 if cfg.bf16 and ctx.device.type == "cuda" else torch.float32
     return TrainParts(
         model, tokenizer, optimizer, scheduler, time_share, rows, report, steps_per_epoch, total_steps, start_step,

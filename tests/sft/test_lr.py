@@ -43,19 +43,25 @@ def test_scheduler_applies_the_wsd_factor_to_the_optimizer():
 def test_a_time_budget_that_trails_the_steps_changes_nothing(schedule):
     total, warmup = 100, 5
     for step in range(total + 1):
-        # a fast machine: the budget's share spent stays below the steps' share past warmup
-        behind = 0.9 * max(0, step - warmup) / (total - warmup)
+        behind = 0.9 * step / total   # a fast machine: the budget's share spent stays below the steps' share
         assert lr_multiplier(step, schedule, warmup, total, behind) == lr_multiplier(step, schedule, warmup, total)
 
 
 def test_a_time_budget_that_leads_decays_the_rate_by_the_seconds():
     # A slow machine has spent 90% of its budget at step 50 of 100: wsd is half way down its decay by time, where
-    # by steps it would still be flat; cosine reads progress 0.9.
+    # by steps it would still be flat; cosine reads the time past warmup's share (5%): (0.9 - 0.05) / 0.95.
     assert lr_multiplier(50, "wsd", 5, 100, time_fraction=0.9) == pytest.approx(0.5)
     assert lr_multiplier(50, "wsd", 5, 100, time_fraction=1.0) == 0.0
-    assert lr_multiplier(50, "cosine", 5, 100, time_fraction=0.9) == pytest.approx(0.5 * (1 + math.cos(0.9 * math.pi)))
+    cosine_progress = (0.9 - 0.05) / 0.95
+    assert lr_multiplier(50, "cosine", 5, 100, time_fraction=0.9) == pytest.approx(
+        0.5 * (1 + math.cos(cosine_progress * math.pi)))
     assert lr_multiplier(50, "constant", 5, 100, time_fraction=0.9) == 1.0
-    assert lr_multiplier(2, "wsd", 5, 100, time_fraction=0.9) == 3 / 5   # warmup stays by steps
+    # warmup ramps by steps, and the time decay caps it (a machine so slow its budget ends during warmup)
+    assert lr_multiplier(2, "wsd", 5, 100, time_fraction=0.5) == 3 / 5
+    assert lr_multiplier(2, "wsd", 5, 100, time_fraction=0.95) == pytest.approx(0.25)
+    # a share past the budget (an overrunning last step) reads as the budget's end, never as a negative rate
+    assert lr_multiplier(50, "wsd", 5, 100, time_fraction=1.3) == 0.0
+    assert lr_multiplier(50, "cosine", 5, 100, time_fraction=1.3) == pytest.approx(0.0)
 
 
 def test_scheduler_reads_the_time_share_when_it_steps():
